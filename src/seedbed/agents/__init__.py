@@ -1,0 +1,33 @@
+"""Agents by name. Each agent is a package with the same files: config, networks, learning.
+
+Only the config module is imported to parse settings, so that reading ``--help`` or starting an
+actor never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from seedbed.errors import ConfigError
+
+AGENTS = ("vtrace",)
+
+
+def check_agent(name: str) -> None:
+    """Raise a one-line ConfigError when ``name`` is not a registered agent."""
+    if name not in AGENTS:
+        raise ConfigError(f"unknown agent '{name}'; choose one of {', '.join(AGENTS)}")
+
+
+def config_class(name: str) -> type:
+    """The settings dataclass of agent ``name``."""
+    check_agent(name)
+    return importlib.import_module(f"seedbed.agents.{name}.config").CONFIG_CLASS
+
+
+def make_agent(name: str, env_spec: Any, config: Any, device: Any) -> Any:
+    """Build agent ``name`` (its networks and optimizer) for ``env_spec`` on ``device``."""
+    check_agent(name)
+    module = importlib.import_module(f"seedbed.agents.{name}.learning")
+    return module.AGENT_CLASS(env_spec, config, device)

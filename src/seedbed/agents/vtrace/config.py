@@ -1,0 +1,55 @@
+"""Settings of the V-trace agent (no torch here: read by the CLI and by actors)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from seedbed.config import setting
+from seedbed.errors import ConfigError
+
+
+@dataclasses.dataclass
+class VTraceConfig:
+    """IMPALA's loss, optimizer and network settings."""
+
+    lr: float = setting(2e-3, "learning rate")
+    optimizer: Literal["adam", "rmsprop"] = setting("adam", "optimizer")
+    adam_eps: float = setting(1e-8, "Adam epsilon")
+    rmsprop_alpha: float = setting(0.99, "RMSProp smoothing constant")
+    rmsprop_eps: float = setting(0.01, "RMSProp epsilon (IMPALA used 0.01)")
+    discount: float = setting(0.99, "discount factor gamma")
+    td_lambda: float = setting(1.0, "V-trace lambda, mixing in shorter returns")
+    clip_rho: float = setting(1.0, "rho-bar: clip of importance weights in the value targets")
+    clip_pg_rho: float = setting(1.0, "clip of importance weights in the policy gradient")
+    clip_c: float = setting(1.0, "c-bar: clip of the trace-cutting weights")
+    baseline_cost: float = setting(0.5, "weight of the value (baseline) loss")
+    entropy_cost: float = setting(0.01, "weight of the entropy bonus")
+    normalize_advantages: bool = setting(
+        False, "scale policy-gradient advantages by their batch standard deviation"
+    )
+    reward_clip: float | None = setting(None, "clip learner rewards to [-x, x] (none: off)")
+    max_grad_norm: float | None = setting(40.0, "clip the global gradient norm (none: off)")
+    hidden_sizes: tuple[int, ...] = setting((64, 64), "MLP torso layer widths")
+    shared_torso: bool = setting(
+        False, "policy and value share the MLP torso (a separate one is steadier)"
+    )
+    lstm: bool = setting(False, "add an LSTM core fed with the previous action and reward")
+    lstm_size: int = setting(64, "LSTM hidden units")
+
+    def validate(self) -> None:
+        """Raise ConfigError on a value that cannot work."""
+        if self.lr <= 0:
+            raise ConfigError(f"--lr must be positive, got {self.lr}")
+        if not 0.0 <= self.discount <= 1.0 or not 0.0 <= self.td_lambda <= 1.0:
+            raise ConfigError("--discount and --td-lambda must lie in [0, 1]")
+        for name in ("clip_rho", "clip_pg_rho", "clip_c", "lstm_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+        if self.baseline_cost < 0 or self.entropy_cost < 0:
+            raise ConfigError("--baseline-cost and --entropy-cost must be >= 0")
+        if not self.hidden_sizes or min(self.hidden_sizes) <= 0:
+            raise ConfigError("--hidden-sizes needs one or more positive widths, e.g. 64,64")
+
+
+CONFIG_CLASS = VTraceConfig

@@ -1,0 +1,127 @@
+"""The V-trace agent: acting by sampling its policy, learning with the IMPALA loss."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from seedbed.agents.base import ActOutput, State, StepInput, Unrolls
+from seedbed.agents.vtrace.config import VTraceConfig
+from seedbed.agents.vtrace_targets import vtrace_from_logits
+from seedbed.envs import EnvSpec
+from seedbed.nets import ActorCriticNet, make_actor_critic
+
+
+def make_networks(env_spec: EnvSpec, config: VTraceConfig) -> ActorCriticNet:
+    """The actor-critic network V-trace learns."""
+    lstm_size = config.lstm_size if config.lstm else None
+    return make_actor_critic(env_spec, config.hidden_sizes, lstm_size, config.shared_torso)
+
+
+def vtrace_loss(
+    net: ActorCriticNet, batch: Unrolls, config: VTraceConfig
+) -> dict[str, torch.Tensor]:
+    """IMPALA's loss on a batch of unrolls, as named terms whose sum is minimised.
+
+    Step t of an unroll holds the observation and the action taken there; step t + 1 holds the
+    reward for that action and whether the episode ended, so transitions pair ``[:-1]`` with
+    ``[1:]`` and the last step's value bootstraps the returns.
+    """
+    s = batch.steps
+    logits, values, _ = net(s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state)
+    rewards = s["reward"][1:]
+    if config.reward_clip is not None:
+        rewards = rewards.clamp(-config.reward_clip, config.reward_clip)
+    discounts = (~s["done"][1:]).to(values.dtype) * config.discount
+    targets, target_log_probs = vtrace_from_logits(
+        behaviour_logits=s["logits"][:-1],
+        target_logits=logits[:-1],
+        actions=s["action"][:-1],
+        discounts=discounts,
+        rewards=rewards,
+        values=values[:-1],
+        bootstrap_value=values[-1],
+        clip_rho_threshold=config.clip_rho,
+        clip_pg_rho_threshold=config.clip_pg_rho,
+        clip_c_threshold=config.clip_c,
+        lambda_=config.td_lambda,
+    )
+    advantages = targets.pg_advantages
+    if config.normalize_advantages:
+        advantages = advantages / (advantages.std() + 1e-8)
+    log_policy = F.log_softmax(logits[:-1], dim=-1)
+    entropy = -(log_policy.exp() * log_policy).sum(-1).mean()
+    return {
+        "loss_policy": -(target_log_probs * advantages).mean(),
+        "loss_baseline": config.baseline_cost * 0.5 * (targets.vs - values[:-1]).pow(2).mean(),
+        "loss_entropy": -config.entropy_cost * entropy,
+    }
+
+
+class VTraceAgent:
+    """Acts by sampling the softmax policy; learns with V-trace-corrected actor-critic updates."""
+
+    def __init__(self, env_spec: EnvSpec, config: VTraceConfig, device: torch.device) -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.network = make_networks(env_spec, config).to(self.device)
+        params = self.network.parameters()
+        if config.optimizer == "adam":
+            self.optimizer = torch.optim.Adam(params, lr=config.lr, eps=config.adam_eps)
+        else:
+            self.optimizer = torch.optim.RMSprop(
+                params, lr=config.lr, alpha=config.rmsprop_alpha, eps=config.rmsprop_eps
+            )
+
+    def acting_network(self) -> ActorCriticNet:
+        """A copy of the network for inference, so acting never reads a half-applied update."""
+        net = copy.deepcopy(self.network)
+        net.requires_grad_(False)
+        return net
+
+    def initial_state(self, batch_size: int) -> State:
+        return self.network.initial_state(batch_size, self.device)
+
+    @torch.no_grad()
+    def act(self, net: ActorCriticNet, step: StepInput, state: State) -> ActOutput:
+        """Sample an action per environment from the policy (Gumbel-max on the logits)."""
+        logits, _, state = net(
+            step.obs[None], step.prev_action[None], step.reward[None], step.done[None], state
+        )
+        logits = logits[0]
+        gumbel = -torch.empty_like(logits).exponential_().log()
+        action = (logits + gumbel).argmax(-1)
+        return ActOutput(action, {"logits": logits}, state)
+
+    def learn(self, batch: Unrolls) -> dict[str, float]:
+        """One optimizer step on ``batch``; returns the loss terms and diagnostics."""
+        terms = vtrace_loss(self.network, batch, self.config)
+        loss = sum(terms.values())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.config.max_grad_norm is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.network.parameters(), self.config.max_grad_norm
+            )
+        else:
+            grad_norm = torch.nn.utils.get_total_norm(
+                [p.grad for p in self.network.parameters() if p.grad is not None]
+            )
+        self.optimizer.step()
+        metrics = {name: float(value.detach()) for name, value in terms.items()}
+        metrics["loss"] = float(loss)
+        metrics["grad_norm"] = float(grad_norm)
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"network": self.network.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.network.load_state_dict(state["network"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+AGENT_CLASS = VTraceAgent

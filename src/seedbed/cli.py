@@ -1,0 +1,149 @@
+"""The ``seedbed`` command: ``train``, ``eval`` and ``plot``.
+
+Only argument parsing lives here; each command resolves its settings and hands them to the
+runtime. Heavy imports (torch) happen inside the commands so that ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from seedbed import __version__
+from seedbed.config import TrainConfig, add_arguments, load_yaml, resolve
+from seedbed.errors import SeedbedError
+
+
+def _train_parser(subparsers: Any) -> None:
+    from seedbed.agents import AGENTS, config_class
+
+    p = subparsers.add_parser(
+        "train",
+        help="train an agent (default: V-trace on CartPole-v1, to a mean return of 475)",
+        description="Train an agent with central inference. Settings come from the defaults, "
+        "then --config FILE.yaml, then flags (flags win).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--config", metavar="FILE.yaml", help="YAML file of settings", default=None)
+    seen: set[str] = set()
+    add_arguments(p.add_argument_group("run settings"), TrainConfig, seen)
+    for name in AGENTS:
+        add_arguments(p.add_argument_group(f"{name} agent settings"), config_class(name), seen)
+    p.set_defaults(command=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from seedbed.runtime.train import train
+
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "verbose")}
+    layers = []
+    if flags.get("resume") and flags.get("run_dir"):
+        saved = Path(flags["run_dir"]) / "config.yaml"
+        if saved.is_file():
+            layers.append(load_yaml(saved))
+    if args.config:
+        layers.append(load_yaml(args.config))
+    layers.append(flags)
+    summary = train(resolve(layers))
+    reached = summary["target_reached_frames"]
+    ret = summary["mean_return_100"]
+    print(
+        f"stopped ({summary['stop_reason']}) after {summary['frames']:,} frames in "
+        f"{summary['wall_s']:.1f} s ({summary['mean_fps']:,.0f} frames/s); "
+        f"mean return of the last 100 episodes: {'n/a' if ret is None else f'{ret:.1f}'}"
+    )
+    if reached is not None:
+        print(
+            f"target return {summary['target_return']:g} reached at {reached:,} frames, "
+            f"{summary['target_reached_wall_s']:.1f} s"
+        )
+    print(f"run directory: {summary['run_dir']}")
+    if "curve" in summary:
+        print(f"learning curve: {summary['curve']}")
+    return 0 if summary["stop_reason"] != "error" else 1
+
+
+def _eval_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "eval", help="run a trained policy and report its return",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("path", help="a run directory (its newest checkpoint) or a checkpoint file")
+    p.add_argument("--episodes", type=int, default=10, help="episodes to run")
+    p.add_argument("--video", metavar="PATH.mp4", default=None, help="record the episodes")
+    p.add_argument("--seed", type=int, default=12345, help="seed of the evaluation episodes")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device")
+    p.set_defaults(command=cmd_eval)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from seedbed.evaluate import evaluate
+
+    if args.episodes <= 0:
+        raise SeedbedError(f"--episodes must be positive, got {args.episodes}")
+    result = evaluate(args.path, args.episodes, args.video, args.seed, args.device)
+    print(
+        f"{result['episodes']} episodes of {result['env']}: return "
+        f"{result['mean_return']:.1f} ± {result['std_return']:.1f} "
+        f"(min {result['min_return']:.1f}, max {result['max_return']:.1f})"
+    )
+    if args.video:
+        print(f"video: {args.video}")
+    return 0
+
+
+def _plot_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("plot", help="draw a run's learning curve as curve.png")
+    p.add_argument("run_dir", help="a run directory")
+    p.set_defaults(command=cmd_plot)
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from seedbed.telemetry import plot_curve
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "metrics.csv").is_file():
+        raise SeedbedError(f"{run_dir} has no metrics.csv; is it a seedbed run directory?")
+    target = None
+    if (run_dir / "config.yaml").is_file():
+        target = load_yaml(run_dir / "config.yaml").get("target_return")
+    print(plot_curve(run_dir, target))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="seedbed",
+        description="Fast, cheap reinforcement learning: central inference on PyTorch.",
+    )
+    parser.add_argument("--version", action="version", version=f"seedbed {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    _train_parser(subparsers)
+    _eval_parser(subparsers)
+    _plot_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``seedbed`` command; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "command"):
+        parser.print_help()
+        return 2
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return args.command(args)
+    except SeedbedError as e:
+        print(f"seedbed: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("seedbed: interrupted", file=sys.stderr)
+        return 130

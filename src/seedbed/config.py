@@ -1,0 +1,266 @@
+"""Typed, validated settings: one dataclass is at once the CLI, the help text and the record.
+
+Settings resolve in this order, later winning: dataclass defaults, ``--config FILE.yaml``, flags.
+Each setting is a dataclass field whose metadata carries its help text; flags, YAML keys and the
+saved ``config.yaml`` are all derived from the fields, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from seedbed.errors import ConfigError
+
+_NONE_WORDS = {"none", "null", "off"}
+
+
+def setting(default: Any, help: str) -> Any:  # noqa: A002 - mirrors argparse's name
+    """A dataclass field with its help text; tuples are stored as immutable defaults."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """How a training run is laid out: environments, processes, budget and bookkeeping."""
+
+    env: str = setting("CartPole-v1", "environment id: any Gymnasium id")
+    agent: str = setting("vtrace", "learning algorithm")
+    actors: int = setting(2, "actor processes, each stepping --envs-per-actor environments")
+    envs_per_actor: int = setting(32, "environments each actor steps together")
+    unroll: int = setting(16, "steps T per unroll; consecutive unrolls share one step")
+    batch: int = setting(8, "unrolls B per learner step")
+    inference_batch: int = setting(64, "most environments per central inference call")
+    inference_timeout_ms: float = setting(
+        2.0, "longest wait for a fuller inference batch once a request arrived"
+    )
+    queue_size: int = setting(32, "most full unrolls waiting for the learner (backpressure)")
+    total_frames: int = setting(5_000_000, "stop after this many environment frames")
+    target_return: float | None = setting(
+        475.0, "stop once the mean return of the last 100 episodes reaches this (none: never)"
+    )
+    seed: int = setting(0, "seed for environments, networks and sampling")
+    device: Literal["cpu", "cuda"] = setting("cpu", "device for inference and learning")
+    threads: int = setting(1, "torch threads in the learner process (0: torch's default)")
+    run_dir: str | None = setting(None, "run directory; none: runs/ENV-AGENT-TIMESTAMP")
+    resume: bool = setting(False, "continue the run in --run-dir from its last checkpoint")
+    checkpoint_every_s: float = setting(60.0, "seconds between periodic checkpoints")
+    keep_checkpoints: int = setting(3, "periodic checkpoints kept (the final one is kept too)")
+    log_every_s: float = setting(1.0, "seconds between metrics rows")
+    max_actor_restarts: int = setting(20, "give up once actors have been restarted this often")
+    progress: bool = setting(True, "show the live progress display")
+
+    def validate(self) -> None:
+        """Raise ConfigError on a value that cannot work."""
+        for name in ("actors", "envs_per_actor", "unroll", "batch", "inference_batch",
+                     "queue_size", "total_frames", "keep_checkpoints"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{flag(name)} must be positive, got {getattr(self, name)}")
+        for name in ("inference_timeout_ms", "checkpoint_every_s", "log_every_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.threads < 0 or self.max_actor_restarts < 0:
+            raise ConfigError("--threads and --max-actor-restarts must be >= 0")
+        if self.queue_size < self.batch:
+            raise ConfigError(
+                f"--queue-size ({self.queue_size}) must be >= --batch ({self.batch}), "
+                "or the learner could never take a full batch"
+            )
+        if self.resume and not self.run_dir:
+            raise ConfigError("--resume needs --run-dir naming the run to continue")
+
+    @property
+    def num_envs(self) -> int:
+        """All environments across all actors."""
+        return self.actors * self.envs_per_actor
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a field name."""
+    return name.replace("_", "-")
+
+
+def fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
+    """The fields of a settings dataclass with their resolved type hints."""
+    hints = typing.get_type_hints(cls)
+    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+
+
+def _optional_inner(tp: Any) -> Any | None:
+    """``X`` for ``X | None`` (or Optional[X]), else None."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0]
+    return None
+
+
+def coerce(name: str, value: Any, tp: Any) -> Any:
+    """Convert a YAML or flag value to the field's type, or raise ConfigError naming the flag."""
+    inner = _optional_inner(tp)
+    if inner is not None:
+        if value is None or (isinstance(value, str) and value.lower() in _NONE_WORDS):
+            return None
+        return coerce(name, value, inner)
+    origin = typing.get_origin(tp)
+    try:
+        if origin is Literal:
+            choices = typing.get_args(tp)
+            if value not in choices:
+                raise ValueError(f"choose one of {', '.join(map(str, choices))}")
+            return value
+        if origin is tuple:
+            (item_tp, _) = typing.get_args(tp)
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(item_tp(v) for v in items if str(v).strip())
+        if tp is bool:
+            if isinstance(value, str):
+                if value.lower() in ("true", "yes", "1", "on"):
+                    return True
+                if value.lower() in ("false", "no", "0", "off"):
+                    return False
+                raise ValueError("expected true or false")
+            return bool(value)
+        if tp is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError("expected a whole number")
+            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+        if tp is float:
+            return float(value)
+        if tp is str:
+            return str(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"--{flag(name)}: invalid value {value!r} ({e})") from None
+    raise TypeError(f"setting {name} has unsupported type {tp}")
+
+
+def build(cls: type, values: dict[str, Any]) -> Any:
+    """Instantiate a settings dataclass from raw values, coercing each one."""
+    known = {f.name: tp for f, tp in fields(cls)}
+    out = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(unknown_message(key, known))
+        out[key] = coerce(key, value, known[key])
+    return cls(**out)
+
+
+def unknown_message(key: str, known: typing.Iterable[str]) -> str:
+    """A one-line error for a setting that does not exist, with the closest real ones."""
+    close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; see `seedbed train --help`"
+    return f"unknown setting '{key}'{hint}"
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """A settings dataclass as plain YAML-friendly values (tuples become lists)."""
+    out = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, with a one-line error when it is missing or not a mapping."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def add_arguments(group: argparse._ArgumentGroup, cls: type, seen: set[str]) -> None:
+    """Add one flag per field of ``cls`` (skipping names in ``seen``); defaults stay unset.
+
+    Flags default to ``argparse.SUPPRESS`` so that only the flags a user typed override the
+    YAML file; the help text still shows the dataclass default.
+    """
+    for f, tp in fields(cls):
+        if f.name in seen:
+            continue
+        seen.add(f.name)
+        default = f.default
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        helptext = f"{f.metadata.get('help', '')} (default: {shown})"
+        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": helptext}
+        if tp is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["metavar"] = _metavar(tp)
+        group.add_argument(f"--{flag(f.name)}", **kwargs)
+
+
+def _metavar(tp: Any) -> str:
+    inner = _optional_inner(tp)
+    if inner is not None:
+        return _metavar(inner) + "|none"
+    if typing.get_origin(tp) is Literal:
+        return "{" + ",".join(map(str, typing.get_args(tp))) + "}"
+    if typing.get_origin(tp) is tuple:
+        return "N,N,..."
+    return {int: "N", float: "X", str: "S"}.get(tp, "V")
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """Everything a run needs: the layout and the chosen agent's settings."""
+
+    train: TrainConfig
+    agent: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        """The nested form saved as ``config.yaml``: run settings, then the agent's section."""
+        return {**to_dict(self.train), self.train.agent: to_dict(self.agent)}
+
+    def validate(self) -> None:
+        self.train.validate()
+        self.agent.validate()
+
+
+def resolve(layers: list[dict[str, Any]]) -> RunConfig:
+    """Merge setting layers (earlier ones lose) into a validated RunConfig.
+
+    Each layer maps names to values; a layer may hold agent settings flat or nested under the
+    agent's name, as ``config.yaml`` does.
+    """
+    from seedbed.agents import AGENTS, config_class  # no torch: only the agents' config modules
+
+    train_names = {f.name for f in dataclasses.fields(TrainConfig)}
+    train_values: dict[str, Any] = {}
+    for layer in layers:
+        train_values.update({k: v for k, v in layer.items() if k in train_names})
+    agent_name = train_values.get("agent", TrainConfig.agent)
+    agent_cls = config_class(agent_name)
+    agent_names = {f.name for f in dataclasses.fields(agent_cls)}
+    agent_values: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key in train_names:
+                continue
+            if key in AGENTS and isinstance(value, dict):
+                if key == agent_name:
+                    agent_values.update({k.replace("-", "_"): v for k, v in value.items()})
+                continue  # another agent's section: kept in the file, unused
+            if key not in agent_names:
+                raise ConfigError(unknown_message(key, train_names | agent_names))
+            agent_values[key] = value
+    for key in agent_values:
+        if key not in agent_names:
+            raise ConfigError(f"{unknown_message(key, agent_names)} (agent {agent_name})")
+    config = RunConfig(build(TrainConfig, train_values), build(agent_cls, agent_values))
+    config.validate()
+    return config

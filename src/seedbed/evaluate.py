@@ -1,0 +1,92 @@
+"""Run a trained policy for some episodes, report its return, optionally record a video."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from seedbed.agents import make_agent
+from seedbed.agents.base import StepInput
+from seedbed.config import resolve
+from seedbed.envs import check_env_id, make_spec
+from seedbed.errors import SeedbedError
+from seedbed.runtime.checkpoint import latest_checkpoint, load_checkpoint
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """``path`` itself if it is a file, else the newest checkpoint of the run directory."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        found = latest_checkpoint(path)
+        if found is None:
+            raise SeedbedError(f"{path} holds no checkpoint; train first or name a .pt file")
+        return found
+    raise SeedbedError(f"{path} is neither a run directory nor a checkpoint file")
+
+
+def evaluate(
+    path: str | Path, episodes: int, video: str | None = None, seed: int = 12345,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Run ``episodes`` episodes with the policy saved at ``path``; mean, std, min, max return."""
+    state = load_checkpoint(find_checkpoint(path))
+    config = resolve([state["config"]])
+    check_env_id(config.train.env)
+    spec = make_spec(config.train.env)
+    agent = make_agent(config.train.agent, spec, config.agent, torch.device(device))
+    agent.load_state_dict(state["agent"])
+    env = gym.make(config.train.env, render_mode="rgb_array" if video else None)
+    writer = _video_writer(video, env) if video else None
+    returns = []
+    try:
+        for episode in range(episodes):
+            returns.append(_episode(agent, env, seed + episode, device, writer))
+    finally:
+        env.close()
+        if writer is not None:
+            writer.close()
+    r = np.asarray(returns)
+    return {
+        "env": config.train.env, "episodes": episodes, "returns": r.tolist(),
+        "mean_return": float(r.mean()), "std_return": float(r.std()),
+        "min_return": float(r.min()), "max_return": float(r.max()),
+    }
+
+
+def _video_writer(video: str, env: gym.Env) -> Any:
+    import imageio.v2 as imageio
+
+    Path(video).parent.mkdir(parents=True, exist_ok=True)
+    fps = env.metadata.get("render_fps", 30)
+    return imageio.get_writer(video, fps=fps, macro_block_size=1)
+
+
+@torch.no_grad()
+def _episode(agent: Any, env: gym.Env, seed: int, device: str, writer: Any) -> float:
+    obs, _ = env.reset(seed=seed)
+    torch.manual_seed(seed)
+    state = agent.initial_state(1)
+    prev_action, reward, done, total = 0, 0.0, True, 0.0
+    while True:
+        if writer is not None:
+            writer.append_data(env.render())
+        step = StepInput(
+            obs=torch.as_tensor(np.asarray(obs)[None], device=device),
+            prev_action=torch.tensor([prev_action], device=device),
+            reward=torch.tensor([reward], dtype=torch.float32, device=device),
+            done=torch.tensor([done], device=device),
+            env_ids=torch.zeros(1, dtype=torch.int64, device=device),
+        )
+        out = agent.act(agent.network, step, state)
+        state, prev_action = out.state, int(out.action[0])
+        obs, reward, terminated, truncated, _ = env.step(prev_action)
+        total += float(reward)
+        done = False
+        if terminated or truncated:
+            return total

@@ -1,0 +1,1 @@
+"""Central inference: batch requests, keep per-env state, call the agent, build unrolls."""

@@ -1,0 +1,156 @@
+"""The central inference server: one batched ``agent.act`` for the requests of many actors.
+
+It runs in the learner process, on the learner's device, always with the newest parameters the
+learner published. For each environment it keeps the recurrent state, the previous action, the run
+id of the actor that owns it and the running episode return; it turns every step into unrolls
+for the learner. All of this is indexed by environment id, so no Python object exists per env.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import torch
+
+from seedbed.agents.base import Agent, StepInput, copy_parameters
+from seedbed.inference.unrolls import UnrollBuilder
+from seedbed.replay import UnrollQueue
+from seedbed.transport.base import Request, ServerTransport
+
+
+@dataclasses.dataclass
+class InferenceStats:
+    """Counters the server adds to; the training loop reads and resets the window fields."""
+
+    frames: int = 0  # env steps answered since the run began (restarted envs' first steps excluded)
+    batches: int = 0  # inference calls in this window
+    batch_envs: int = 0  # envs served in this window (batch_envs / batches = mean batch size)
+    episode_returns: list[float] = dataclasses.field(default_factory=list)
+    episode_lengths: list[int] = dataclasses.field(default_factory=list)
+    resets: int = 0  # envs whose actor restarted
+
+
+class InferenceServer:
+    """Serve actions for requests from ``transport`` and feed full unrolls into ``queue``."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        transport: ServerTransport,
+        queue: UnrollQueue,
+        num_envs: int,
+        unroll_length: int,
+        max_batch: int,
+        timeout_s: float,
+        device: torch.device,
+    ) -> None:
+        self.agent = agent
+        self.transport = transport
+        self.queue = queue
+        self.max_batch = min(max_batch, num_envs)
+        self.timeout_s = timeout_s
+        self.device = torch.device(device)
+        self.builder = UnrollBuilder(num_envs, unroll_length)
+        self.net = agent.acting_network()
+        self.version = 0
+        self.stats = InferenceStats()
+        self._state = agent.initial_state(num_envs)
+        self._prev_action = torch.zeros(num_envs, dtype=torch.int64)
+        self._run_id = torch.full((num_envs,), -1, dtype=torch.int64)
+        self._ep_return = np.zeros(num_envs, np.float64)
+        self._ep_length = np.zeros(num_envs, np.int64)
+        self._params_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+
+    def publish(self, network: torch.nn.Module, version: int) -> None:
+        """Act with ``network``'s parameters from now on (called by the learner)."""
+        with self._params_lock:
+            copy_parameters(network, self.net)
+            self.version = version
+
+    def take_stats(self) -> InferenceStats:
+        """The counters so far; episode lists and batch counts restart."""
+        with self._stats_lock:
+            stats, self.stats = self.stats, InferenceStats(frames=self.stats.frames)
+        return stats
+
+    def serve(self, stop: threading.Event) -> None:
+        """Answer requests until ``stop`` is set."""
+        while not stop.is_set():
+            request = self.transport.recv(self.max_batch, self.timeout_s)
+            if request is not None:
+                self.step(request, stop)
+
+    def step(self, request: Request, stop: threading.Event | None = None) -> None:
+        """Act for one batched request, record it into unrolls, then answer it."""
+        ids = torch.from_numpy(np.ascontiguousarray(request.env_ids))
+        run_id = torch.from_numpy(np.ascontiguousarray(request.run_id))
+        restarted = self._run_id[ids] != run_id
+        done = torch.from_numpy(np.array(request.done, dtype=np.bool_)) | restarted
+        if restarted.any():
+            self._reset(ids[restarted], run_id[restarted])
+        reward = torch.from_numpy(np.array(request.reward, dtype=np.float32))
+        self._count_episodes(request, restarted.numpy())
+
+        obs = torch.from_numpy(request.obs)
+        state = tuple(s[ids] for s in self._state)
+        step = StepInput(
+            obs=obs.to(self.device, non_blocking=True),
+            prev_action=self._prev_action[ids].to(self.device),
+            reward=reward.to(self.device),
+            done=done.to(self.device),
+            env_ids=ids.to(self.device),
+        )
+        with self._params_lock:
+            out = self.agent.act(self.net, step, state)
+            version = self.version
+        action = out.action.cpu()
+        record = {
+            "obs": obs,  # copied into the unroll buffers before the actor may overwrite it
+            "prev_action": self._prev_action[ids],
+            "reward": reward,
+            "done": done,
+            "action": action,
+            **{k: v.cpu() for k, v in out.extras.items()},
+        }
+        unrolls = self.builder.append(ids, record, tuple(s.cpu() for s in state), version)
+        self.transport.send(request, action.numpy())
+        for table, rows in zip(self._state, out.state, strict=True):
+            table[ids] = rows
+        self._prev_action[ids] = action
+        if unrolls is not None:
+            while not self.queue.put(unrolls, timeout=0.1):
+                if stop is None or stop.is_set():
+                    return
+
+    def _reset(self, env_ids: torch.Tensor, run_ids: torch.Tensor) -> None:
+        """An actor (re)started: its envs begin anew, with no state and no partial unroll."""
+        self._run_id[env_ids] = run_ids
+        initial = self.agent.initial_state(len(env_ids))
+        for table, rows in zip(self._state, initial, strict=True):
+            table[env_ids] = rows.to(table.device)
+        self._prev_action[env_ids] = 0
+        self.builder.reset(env_ids)
+        self._ep_return[env_ids.numpy()] = 0.0
+        self._ep_length[env_ids.numpy()] = 0
+        with self._stats_lock:
+            self.stats.resets += len(env_ids)
+
+    def _count_episodes(self, request: Request, restarted: np.ndarray) -> None:
+        """Raw (unclipped) returns of the episodes that ended with this step."""
+        ids = np.asarray(request.env_ids)[~restarted]
+        done = np.asarray(request.done)[~restarted]
+        self._ep_return[ids] += np.asarray(request.reward)[~restarted]
+        self._ep_length[ids] += 1
+        ended = ids[done]
+        with self._stats_lock:
+            self.stats.frames += len(ids)
+            self.stats.batches += 1
+            self.stats.batch_envs += len(request.env_ids)
+            if len(ended):
+                self.stats.episode_returns.extend(self._ep_return[ended].tolist())
+                self.stats.episode_lengths.extend(self._ep_length[ended].tolist())
+        self._ep_return[ended] = 0.0
+        self._ep_length[ended] = 0

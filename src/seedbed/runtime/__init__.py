@@ -1,0 +1,1 @@
+"""Processes, run directories, checkpoints: the one place that wires the parts together."""

@@ -1,0 +1,280 @@
+"""A training run on one machine: actors, central inference and the learner, wired together.
+
+``train(config)`` is the only function that knows about processes, threads and the run directory.
+The learner runs in the calling thread; the inference server in a thread beside it; actors in
+spawned processes watched by the supervisor.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from rich.console import Console
+
+from seedbed.actor import run_actor
+from seedbed.agents import make_agent
+from seedbed.config import RunConfig
+from seedbed.envs import make_spec
+from seedbed.errors import SeedbedError
+from seedbed.inference.server import InferenceServer
+from seedbed.replay import UnrollQueue
+from seedbed.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from seedbed.runtime.supervisor import ActorSupervisor
+from seedbed.telemetry import EpisodeWindow, RunLogger, plot_curve, write_json_atomic
+from seedbed.transport.shm import SharedMemoryServer
+
+log = logging.getLogger(__name__)
+
+
+def default_run_dir(config: RunConfig) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    env = config.train.env.replace("/", "_").replace(":", "_")
+    return Path("runs") / f"{env}-{config.train.agent}-{stamp}"
+
+
+class TrainingRun:
+    """One run: set up from a config (fresh or resumed), ``run()`` it, get its summary."""
+
+    def __init__(self, config: RunConfig, console: Console | None = None) -> None:
+        self.config = config
+        cfg = config.train
+        self.console = console or Console(stderr=True)
+        self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(config)
+        if cfg.device == "cuda" and not torch.cuda.is_available():
+            raise SeedbedError("--device cuda: no CUDA device is available; use --device cpu")
+        self.device = torch.device(cfg.device)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.spec = make_spec(cfg.env)
+        self.agent = make_agent(cfg.agent, self.spec, config.agent, self.device)
+        self.window = EpisodeWindow(100)
+        self.frames = self.learner_steps = 0
+        self.wall_offset = 0.0
+        self.target_reached: dict[str, float] | None = None
+        resume_from = self._prepare_run_dir()
+        torch.manual_seed(cfg.seed)
+        if resume_from is not None:
+            self._restore(resume_from)
+        self.checkpoints = self.run_dir / "checkpoints"
+
+    def _prepare_run_dir(self) -> Path | None:
+        cfg = self.config.train
+        existing = latest_checkpoint(self.run_dir)
+        if cfg.resume and existing is None:
+            raise SeedbedError(f"--resume: {self.run_dir} has no checkpoint to resume from")
+        if not cfg.resume and existing is not None:
+            raise SeedbedError(
+                f"{self.run_dir} already holds a run; pass --resume to continue it or choose "
+                "another --run-dir"
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        saved = dict(self.config.to_dict(), run_dir=str(self.run_dir), resume=False)
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+        return existing if cfg.resume else None
+
+    def _restore(self, path: Path) -> None:
+        state = load_checkpoint(path)
+        try:
+            self.agent.load_state_dict(state["agent"])
+            self.frames, self.learner_steps = int(state["frames"]), int(state["learner_steps"])
+            self.wall_offset = float(state["wall_s"])
+            self.window.load_state_dict(state["episodes"])
+            self.target_reached = state.get("target_reached")
+            torch.set_rng_state(state["torch_rng"])
+        except (KeyError, RuntimeError, ValueError) as e:
+            raise SeedbedError(
+                f"checkpoint {path} does not fit this run's settings ({str(e).splitlines()[0]})"
+            ) from None
+        log.info("resumed from %s at %d frames", path, self.frames)
+
+    def _payload(self, wall_s: float) -> dict[str, Any]:
+        return {
+            "agent": self.agent.state_dict(),
+            "frames": self.frames,
+            "learner_steps": self.learner_steps,
+            "wall_s": wall_s,
+            "episodes": self.window.state_dict(),
+            "target_reached": self.target_reached,
+            "torch_rng": torch.get_rng_state(),
+            "config": self.config.to_dict(),
+        }
+
+    def run(self) -> dict[str, Any]:
+        """Train until the target return, the frame budget, an error or Ctrl-C; return summary."""
+        cfg = self.config.train
+        ctx = multiprocessing.get_context("spawn")
+        queue = UnrollQueue(cfg.queue_size)
+        transport = SharedMemoryServer(
+            cfg.actors, cfg.envs_per_actor, self.spec.obs_shape, self.spec.obs_dtype, ctx
+        )
+        server = InferenceServer(
+            self.agent, transport, queue, cfg.num_envs, cfg.unroll, cfg.inference_batch,
+            cfg.inference_timeout_ms / 1000.0, self.device,
+        )
+        server.stats.frames = self.frames
+        server.publish(self.agent.network, self.learner_steps)
+        supervisor = ActorSupervisor(
+            cfg.actors, transport.connect, run_actor, (cfg.env, cfg.envs_per_actor),
+            cfg.seed, ctx, cfg.max_actor_restarts,
+        )
+        stop = threading.Event()
+        serving = threading.Thread(target=server.serve, args=(stop,), name="inference", daemon=True)
+        self.supervisor, self.server = supervisor, server
+        logger = RunLogger(
+            self.run_dir, total_frames=cfg.total_frames,
+            resume_frames=self.frames if cfg.resume else None,
+            progress=cfg.progress, console=self.console,
+        )
+        reason = "error"
+        start = time.perf_counter()
+        try:
+            supervisor.start()
+            serving.start()
+            reason = self._loop(queue, server, supervisor, logger, start)
+        except KeyboardInterrupt:
+            reason = "interrupted"
+        finally:
+            stop.set()
+            queue.close()
+            serving.join(timeout=10)
+            supervisor.stop()
+            transport.close()
+            logger.close()
+        return self._finish(reason, time.perf_counter() - start)
+
+    def _loop(self, queue, server, supervisor, logger, start: float) -> str:
+        cfg = self.config.train
+        acc = _Window(self.wall_offset)
+        next_log = next_ckpt = time.perf_counter()
+        next_ckpt += cfg.checkpoint_every_s
+        while True:
+            batch = queue.get(cfg.batch, timeout=0.05)
+            if batch is not None:
+                metrics = self.agent.learn(batch.to(self.device))
+                self.learner_steps += 1
+                server.publish(self.agent.network, self.learner_steps)
+                acc.add(metrics, (self.learner_steps - 1 - batch.policy_version).float().mean())
+            if supervisor.error is not None:
+                raise supervisor.error
+            now = time.perf_counter()
+            if now >= next_log:
+                next_log = now + cfg.log_every_s
+                reason = self._log(server, supervisor, logger, acc, now - start)
+                if reason:
+                    return reason
+            if now >= next_ckpt:
+                next_ckpt = now + cfg.checkpoint_every_s
+                self._save(now - start)
+
+    def _log(self, server, supervisor, logger, acc: _Window, elapsed: float) -> str | None:
+        cfg = self.config.train
+        stats = server.take_stats()
+        self.window.add(stats.episode_returns, stats.episode_lengths)
+        wall_s = self.wall_offset + elapsed
+        frames_before, self.frames = self.frames, stats.frames
+        mean_return = self.window.mean_return()
+        row = {
+            "frames": self.frames,
+            "wall_s": round(wall_s, 3),
+            "fps": acc.fps(self.frames - frames_before, wall_s),
+            "mean_return": mean_return,
+            "episodes": self.window.count,
+            **acc.take(),
+            "learner_steps": self.learner_steps,
+            "inference_batch": stats.batch_envs / stats.batches if stats.batches else None,
+            "actor_restarts": supervisor.restarts,
+        }
+        logger.log(row)
+        reached = cfg.target_return is not None and mean_return is not None and (
+            mean_return >= cfg.target_return and self.window.count >= 1
+        )
+        if reached and self.target_reached is None:
+            self.target_reached = {"frames": self.frames, "wall_s": round(wall_s, 3)}
+        if reached:
+            return "target_return"
+        if self.frames >= cfg.total_frames:
+            return "total_frames"
+        return None
+
+    def _save(self, elapsed: float) -> Path:
+        return save_checkpoint(
+            self.checkpoints, self.frames, self._payload(self.wall_offset + elapsed),
+            self.config.train.keep_checkpoints + 1,
+        )
+
+    def _finish(self, reason: str, elapsed: float) -> dict[str, Any]:
+        cfg = self.config.train
+        if self.server is not None:
+            stats = self.server.take_stats()
+            self.window.add(stats.episode_returns, stats.episode_lengths)
+            self.frames = stats.frames
+        checkpoint = self._save(elapsed)
+        wall_s = self.wall_offset + elapsed
+        summary = {
+            "env": cfg.env,
+            "agent": cfg.agent,
+            "stop_reason": reason,
+            "frames": self.frames,
+            "frames_counted_as": "environment steps (agent steps)",
+            "wall_s": round(wall_s, 3),
+            "mean_fps": round(self.frames / wall_s, 1) if wall_s > 0 else None,
+            "mean_return_100": self.window.mean_return(),
+            "episodes": self.window.count,
+            "learner_steps": self.learner_steps,
+            "actor_restarts": self.supervisor.restarts if self.supervisor else 0,
+            "target_return": cfg.target_return,
+            "target_reached_frames": (self.target_reached or {}).get("frames"),
+            "target_reached_wall_s": (self.target_reached or {}).get("wall_s"),
+            "device": str(self.device),
+            "checkpoint": str(checkpoint),
+            "run_dir": str(self.run_dir),
+        }
+        write_json_atomic(self.run_dir / "summary.json", summary)
+        try:
+            summary["curve"] = str(plot_curve(self.run_dir, cfg.target_return))
+        except Exception as e:  # a plot must never lose a finished run
+            log.warning("could not draw the learning curve: %s", e)
+        return summary
+
+    supervisor: ActorSupervisor | None = None
+    server: InferenceServer | None = None
+
+
+class _Window:
+    """Learner metrics averaged over one logging interval."""
+
+    def __init__(self, wall_s: float) -> None:
+        self._sums: dict[str, float] = {}
+        self._count = 0
+        self._last_wall = wall_s
+
+    def add(self, metrics: dict[str, float], policy_lag: torch.Tensor) -> None:
+        for key, value in {**metrics, "policy_lag": float(policy_lag)}.items():
+            self._sums[key] = self._sums.get(key, 0.0) + value
+        self._count += 1
+
+    def take(self) -> dict[str, float | None]:
+        keys = ("loss", "loss_policy", "loss_baseline", "loss_entropy", "grad_norm", "policy_lag")
+        row = {k: (self._sums[k] / self._count if self._count and k in self._sums else None)
+               for k in keys}
+        self._sums, self._count = {}, 0
+        return row
+
+    def fps(self, frames: int, wall_s: float) -> float | None:
+        last, self._last_wall = self._last_wall, wall_s
+        if wall_s <= last:
+            return None
+        return round(frames / (wall_s - last), 1)
+
+
+def train(config: RunConfig, console: Console | None = None) -> dict[str, Any]:
+    """Run training as configured and return its summary (also saved as summary.json)."""
+    return TrainingRun(config, console).run()
+

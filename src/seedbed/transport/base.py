@@ -1,0 +1,69 @@
+"""The transport interface: how observations reach central inference and actions go back.
+
+The server side's loop, as the inference server runs it::
+
+    while running:
+        request = server.recv(max_envs, timeout_s)   # envs of one or more actors, or None
+        if request is not None:
+            actions = ...decide from request.obs...
+            server.send(request, actions)             # each actor gets its own rows back
+
+The actor side's loop::
+
+    actions = client.call(obs, reward, done)          # blocks until the learner answered
+
+A transport moves arrays and nothing else: it knows no torch model and no algorithm. Arrays travel
+with their declared dtype and shape; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Request:
+    """A batch of environment steps from one or more actors, as the server received them.
+
+    Row i is environment ``env_ids[i]``. ``done[i]`` says ``obs[i]`` starts a new episode (the
+    reward is then the ended episode's last). ``run_id[i]`` changes when the actor owning the env
+    restarted, so the server can drop that env's recurrent state and partial unroll.
+    """
+
+    env_ids: np.ndarray  # [k] int64
+    obs: np.ndarray  # [k, *obs_shape], the env's dtype
+    reward: np.ndarray  # [k] float32
+    done: np.ndarray  # [k] bool
+    run_id: np.ndarray  # [k] int64
+    route: Any = None  # the transport's own note of where the answers go
+
+
+class ServerTransport(Protocol):
+    """The learner's end: receive batched requests, send actions back."""
+
+    def recv(self, max_envs: int, timeout_s: float) -> Request | None:
+        """Wait briefly for a first request, then up to ``timeout_s`` for more, up to
+        ``max_envs`` environments. None when nothing arrived (the caller checks for shutdown)."""
+        ...
+
+    def send(self, request: Request, actions: np.ndarray) -> None:
+        """Answer ``request``: ``actions[i]`` goes to environment ``request.env_ids[i]``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ActorTransport(Protocol):
+    """An actor's end: one blocking call per step of its environments."""
+
+    def call(self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """Send this step of the actor's E environments; return their E actions.
+
+        Raises ConnectionError when the learner has gone away.
+        """
+        ...
+
+    def close(self) -> None: ...

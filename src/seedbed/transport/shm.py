@@ -1,0 +1,224 @@
+"""Shared-memory transport: actors on the learner's host, arrays written once, indices on pipes.
+
+One shared block per field holds every environment's row (observation, reward, done, action);
+actor ``a`` owns rows ``[a*E, (a+1)*E)``. An actor writes its rows, then writes an 8-byte record
+(actor, generation) to a pipe all actors share; the server reads many records with one syscall,
+answers by writing actions into the rows and one byte to the actor's own reply pipe. Pipe writes
+this small are atomic, so a dying actor cannot corrupt the channel, and the generation lets the
+server drop a request sent by an actor that has since been replaced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import select
+import threading
+import time
+from multiprocessing import shared_memory
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from seedbed.transport.base import Request
+
+_RECORD = np.dtype([("actor", "<i4"), ("generation", "<i4")])
+_FIELDS = ("obs", "reward", "done", "action")
+_IDLE_POLL_MS = 100  # how long recv waits for a first request before returning None
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where the shared arrays live and how they are shaped (sent to actors; plain data)."""
+
+    names: dict[str, str]  # field -> shared-memory block name
+    num_actors: int
+    envs_per_actor: int
+    obs_shape: tuple[int, ...]
+    obs_dtype: str
+
+    def shape_dtype(self, field: str) -> tuple[tuple[int, ...], np.dtype]:
+        n = self.num_actors * self.envs_per_actor
+        return {
+            "obs": ((n, *self.obs_shape), np.dtype(self.obs_dtype)),
+            "reward": ((n,), np.dtype(np.float32)),
+            "done": ((n,), np.dtype(np.bool_)),
+            "action": ((n,), np.dtype(np.int64)),
+        }[field]
+
+
+def _attach(layout: Layout, create: bool) -> tuple[dict[str, shared_memory.SharedMemory], dict]:
+    blocks, arrays = {}, {}
+    for field in _FIELDS:
+        shape, dtype = layout.shape_dtype(field)
+        size = max(1, math.prod(shape) * dtype.itemsize)
+        if create:
+            block = shared_memory.SharedMemory(create=True, size=size)
+        else:
+            block = shared_memory.SharedMemory(name=layout.names[field])
+        blocks[field] = block
+        arrays[field] = np.ndarray(shape, dtype, buffer=block.buf)
+    return blocks, arrays
+
+
+@dataclasses.dataclass
+class ActorEndpoint:
+    """Everything one actor process needs to reach the server; picklable for spawn."""
+
+    layout: Layout
+    actor: int
+    generation: int
+    requests: Connection  # write end of the pipe all actors share
+    replies: Connection  # read end of this actor's own reply pipe
+
+    def open(self) -> SharedMemoryClient:
+        """Attach to the server from the actor process."""
+        return SharedMemoryClient(self)
+
+    def close_parent_copy(self) -> None:
+        """The parent's copy of the reply read end; closed once the child holds its own."""
+        self.replies.close()
+
+
+class SharedMemoryServer:
+    """The learner's end of the shared-memory transport."""
+
+    def __init__(
+        self, num_actors: int, envs_per_actor: int, obs_shape: tuple[int, ...], obs_dtype: str,
+        context: Any,
+    ) -> None:
+        self._ctx = context
+        self._envs = envs_per_actor
+        self._blocks, self._arrays = _attach(
+            Layout({}, num_actors, envs_per_actor, tuple(obs_shape), obs_dtype), create=True
+        )
+        names = {field: block.name for field, block in self._blocks.items()}
+        self.layout = Layout(names, num_actors, envs_per_actor, tuple(obs_shape), obs_dtype)
+        self._requests_r, self._requests_w = context.Pipe(duplex=False)
+        self._poller = select.poll()
+        self._poller.register(self._requests_r.fileno(), select.POLLIN)
+        self._replies: list[Connection | None] = [None] * num_actors
+        self._generation = np.zeros(num_actors, np.int64)
+        self._pending = b""
+        self._lock = threading.Lock()  # guards reply pipes against replacement while sending
+        self._closed = False
+
+    def connect(self, actor: int) -> ActorEndpoint:
+        """A fresh endpoint for (re)starting actor ``actor``; its old requests become stale."""
+        reader, writer = self._ctx.Pipe(duplex=False)
+        with self._lock:
+            self._generation[actor] += 1
+            old, self._replies[actor] = self._replies[actor], writer
+        if old is not None:
+            old.close()
+        return ActorEndpoint(
+            self.layout, actor, int(self._generation[actor]), self._requests_w, reader
+        )
+
+    def _wait(self, timeout_s: float) -> bool:
+        return bool(self._poller.poll(max(0.0, timeout_s) * 1000.0))
+
+    def recv(self, max_envs: int, timeout_s: float) -> Request | None:
+        """Requests of whole actors, up to ``max_envs`` envs (at least one actor)."""
+        fd = self._requests_r.fileno()
+        buf = self._pending
+        if not buf:
+            if not self._wait(_IDLE_POLL_MS / 1000.0):
+                return None
+            buf = os.read(fd, 65536)
+        max_actors = max(1, max_envs // self._envs)
+        deadline = time.perf_counter() + timeout_s
+        while len(buf) // _RECORD.itemsize < max_actors:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0 or not self._wait(remaining):
+                break
+            buf += os.read(fd, 65536)
+        take = max_actors * _RECORD.itemsize
+        buf, self._pending = buf[:take], buf[take:]
+        records = np.frombuffer(buf, _RECORD)
+        current = self._generation[records["actor"]] == records["generation"]
+        actors = np.unique(records["actor"][current]).astype(np.int64)
+        if len(actors) == 0:
+            return None
+        return self._request(actors, records["generation"][current])
+
+    def _request(self, actors: np.ndarray, generations: np.ndarray) -> Request:
+        e = self._envs
+        a = self._arrays
+        if actors[-1] - actors[0] + 1 == len(actors):  # contiguous rows: views, no copy
+            rows: Any = slice(int(actors[0]) * e, (int(actors[-1]) + 1) * e)
+            env_ids = np.arange(rows.start, rows.stop, dtype=np.int64)
+        else:
+            env_ids = (actors[:, None] * e + np.arange(e)).reshape(-1)
+            rows = env_ids
+        run_id = np.repeat(self._generation[actors], e)
+        return Request(env_ids, a["obs"][rows], a["reward"][rows], a["done"][rows], run_id,
+                       route=(actors, run_id[::e].copy(), rows))
+
+    def send(self, request: Request, actions: np.ndarray) -> None:
+        """Write the actions into the actors' rows and wake each actor."""
+        actors, generations, rows = request.route
+        self._arrays["action"][rows] = actions
+        with self._lock:
+            for actor, generation in zip(actors.tolist(), generations.tolist(), strict=True):
+                conn = self._replies[actor]
+                if conn is None or generation != self._generation[actor]:
+                    continue  # replaced meanwhile; the new actor never asked this
+                try:
+                    os.write(conn.fileno(), b"\x01")
+                except OSError:
+                    pass  # the actor died; the supervisor restarts it with a fresh pipe
+
+    def close(self) -> None:
+        """Close pipes and free the shared memory (actors see the learner gone)."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            for conn in self._replies:
+                if conn is not None:
+                    conn.close()
+        self._requests_r.close()
+        self._requests_w.close()
+        self._arrays.clear()
+        for block in self._blocks.values():
+            block.close()
+            block.unlink()
+
+
+class SharedMemoryClient:
+    """An actor's end: write the step into its own rows, signal, wait for the answer."""
+
+    def __init__(self, endpoint: ActorEndpoint) -> None:
+        self._endpoint = endpoint
+        layout = endpoint.layout
+        self._blocks, arrays = _attach(layout, create=False)
+        e = layout.envs_per_actor
+        rows = slice(endpoint.actor * e, (endpoint.actor + 1) * e)
+        self._obs, self._reward = arrays["obs"][rows], arrays["reward"][rows]
+        self._done, self._action = arrays["done"][rows], arrays["action"][rows]
+        self._record = np.array([(endpoint.actor, endpoint.generation)], _RECORD).tobytes()
+        self._req_fd = endpoint.requests.fileno()
+        self._reply_fd = endpoint.replies.fileno()
+
+    def call(self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self._obs[...] = obs
+        self._reward[...] = reward
+        self._done[...] = done
+        try:
+            os.write(self._req_fd, self._record)
+            answered = os.read(self._reply_fd, 1)
+        except OSError as e:
+            raise ConnectionError(f"the learner's transport closed: {e}") from None
+        if not answered:
+            raise ConnectionError("the learner went away")
+        return self._action.copy()
+
+    def close(self) -> None:
+        self._obs = self._reward = self._done = self._action = None
+        for block in self._blocks.values():
+            block.close()
+        self._endpoint.requests.close()
+        self._endpoint.replies.close()

@@ -1,0 +1,86 @@
+"""The inference server with a real V-trace agent: state per env, unrolls, restarts, episodes."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from seedbed.agents import make_agent
+from seedbed.config import resolve
+from seedbed.envs import EnvSpec
+from seedbed.inference.server import InferenceServer
+from seedbed.replay import UnrollQueue
+from seedbed.transport.base import Request
+from seedbed.transport.inprocess import InProcessServer
+
+SPEC = EnvSpec("test", (3,), "float32", 2)
+
+
+def make_server(lstm: bool = True, unroll: int = 2):
+    config = resolve([{"lstm": lstm, "lstm_size": 8, "hidden_sizes": "8"}])
+    agent = make_agent("vtrace", SPEC, config.agent, "cpu")
+    transport = InProcessServer(num_actors=1, envs_per_actor=2)
+    queue = UnrollQueue(100)
+    server = InferenceServer(agent, transport, queue, 2, unroll, 2, 0.0, "cpu")
+    return server, transport, queue
+
+
+def request(transport, t: float, run: int, done=(False, False), reward=(1.0, 1.0)) -> Request:
+    gen = transport._generation[0]
+    return Request(
+        env_ids=np.array([0, 1]), obs=np.full((2, 3), t, np.float32),
+        reward=np.array(reward, np.float32), done=np.array(done), run_id=np.array([run, run]),
+        route=[(0, gen)],
+    )
+
+
+def test_state_is_kept_per_env_and_reset_on_restart():
+    server, transport, queue = make_server()
+    transport.connect(0)
+    server.step(request(transport, 0, run=1, done=(True, True), reward=(0, 0)))
+    server.step(request(transport, 1, run=1))
+    assert server._state[0].abs().sum() > 0  # the LSTM state moved on
+    server.step(request(transport, 2, run=1))
+    unrolls = queue.get(2, timeout=1)
+    assert unrolls.steps["obs"][:, :, 0].T.tolist() == [[0, 1, 2], [0, 1, 2]]
+    assert unrolls.steps["done"][0].all() and not unrolls.steps["done"][1:].any()
+    assert all(s.abs().sum() == 0 for s in unrolls.initial_state)  # fresh episodes
+    server.step(request(transport, 3, run=1))
+    # The actor restarts: new run id. Its envs start over, whatever the actor claims.
+    server.step(request(transport, 4, run=2, done=(False, False)))
+    assert server.stats.resets == 4  # two envs at the first start, two at the restart
+    server.step(request(transport, 5, run=2))
+    server.step(request(transport, 6, run=2))
+    unrolls = queue.get(2, timeout=1)
+    assert unrolls.steps["obs"][:, 0, 0].tolist() == [4, 5, 6]  # steps 2-3 of run 1 are dropped
+    assert unrolls.steps["done"][0].all()
+    assert (unrolls.steps["prev_action"][0] == 0).all()
+    assert all(s.abs().sum() == 0 for s in unrolls.initial_state)
+
+
+def test_episode_returns_are_raw_and_counted_once():
+    server, transport, _ = make_server(lstm=False, unroll=50)
+    transport.connect(0)
+    server.step(request(transport, 0, run=1, done=(True, True), reward=(0, 0)))
+    for t in range(1, 4):
+        server.step(request(transport, t, run=1, reward=(2.5, -1.0)))
+    server.step(request(transport, 4, run=1, done=(True, False), reward=(10.0, 1.0)))
+    stats = server.take_stats()
+    assert stats.episode_returns == [2.5 * 3 + 10.0]
+    assert stats.episode_lengths == [4]
+    assert stats.frames == 8  # the first step of a new run is not an env frame
+
+
+def test_acting_uses_published_parameters():
+    server, transport, queue = make_server(lstm=False, unroll=1)
+    transport.connect(0)
+    with torch.no_grad():
+        for p in server.agent.network.parameters():
+            p.zero_()
+        server.agent.network.policy.bias.copy_(torch.tensor([0.0, 50.0]))
+    server.publish(server.agent.network, version=7)
+    server.step(request(transport, 0, run=1, done=(True, True)))
+    server.step(request(transport, 1, run=1))
+    unrolls = queue.get(2, timeout=1)
+    assert (unrolls.steps["action"] == 1).all()
+    assert unrolls.policy_version.tolist() == [7, 7]

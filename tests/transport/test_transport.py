@@ -1,0 +1,143 @@
+"""One suite for every transport backend: arrays of several dtypes and shapes make the round
+trip between real actors (processes for shared memory, threads in-process) and the server."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import numpy as np
+import pytest
+
+from seedbed.transport.inprocess import InProcessServer
+from seedbed.transport.shm import SharedMemoryServer
+
+CASES = [((4,), "float32"), ((3, 5, 2), "uint8"), ((6,), "int16"), ((2, 3), "float64")]
+STEPS = 25
+
+
+def expected_obs(actor: int, t: int, envs: int, shape: tuple, dtype: str) -> np.ndarray:
+    size = envs * int(np.prod(shape))
+    base = (np.arange(size) * 7 + actor * 1000 + t * 13) % 251
+    return base.reshape(envs, *shape).astype(dtype)
+
+
+def expected_actions(env_ids: np.ndarray, t: np.ndarray) -> np.ndarray:
+    return (env_ids * 31 + t * 3).astype(np.int64)
+
+
+def scripted_actor(endpoint, actor: int, envs: int, shape: tuple, dtype: str) -> None:
+    """Send STEPS known steps; check every answer; exit non-zero on a wrong one."""
+    client = endpoint.open()
+    env_ids = np.arange(actor * envs, (actor + 1) * envs)
+    for t in range(STEPS):
+        obs = expected_obs(actor, t, envs, shape, dtype)
+        actions = client.call(obs, np.full(envs, t, np.float32), np.arange(envs) % 2 == t % 2)
+        if not np.array_equal(actions, expected_actions(env_ids, np.full(envs, t))):
+            raise SystemExit(3)
+    client.close()
+
+
+class ShmBackend:
+    def __init__(self, actors, envs, shape, dtype):
+        self.ctx = multiprocessing.get_context("spawn")
+        self.server = SharedMemoryServer(actors, envs, shape, dtype, self.ctx)
+        self.workers = []
+
+    def launch(self, actor, *args):
+        endpoint = self.server.connect(actor)
+        p = self.ctx.Process(target=scripted_actor, args=(endpoint, actor, *args))
+        p.start()
+        endpoint.close_parent_copy()
+        self.workers.append(p)
+
+    def exit_codes(self):
+        for p in self.workers:
+            p.join(30)
+        return [p.exitcode for p in self.workers]
+
+
+class InProcessBackend:
+    def __init__(self, actors, envs, shape, dtype):
+        self.server = InProcessServer(actors, envs)
+        self.workers, self.codes = [], {}
+
+    def launch(self, actor, *args):
+        def body():
+            try:
+                scripted_actor(self.server.connect(actor), actor, *args)
+                self.codes[actor] = 0
+            except SystemExit as e:
+                self.codes[actor] = e.code
+
+        t = threading.Thread(target=body)
+        t.start()
+        self.workers.append(t)
+
+    def exit_codes(self):
+        for t in self.workers:
+            t.join(30)
+        return [self.codes.get(i) for i in range(len(self.workers))]
+
+
+@pytest.mark.parametrize("backend", [ShmBackend, InProcessBackend], ids=["shm", "inprocess"])
+@pytest.mark.parametrize(("shape", "dtype"), CASES)
+def test_round_trip(backend, shape, dtype, no_leaks):
+    actors, envs = 3, 4
+    b = backend(actors, envs, shape, dtype)
+    try:
+        for actor in range(actors):
+            b.launch(actor, envs, shape, dtype)
+        served, batch_sizes = 0, []
+        while served < actors * envs * STEPS:
+            request = b.server.recv(max_envs=actors * envs, timeout_s=0.01)
+            if request is None:
+                continue
+            t = request.reward.astype(np.int64)
+            for i, env in enumerate(request.env_ids):
+                actor, row = divmod(int(env), envs)
+                want = expected_obs(actor, int(t[i]), envs, shape, dtype)[row]
+                assert request.obs[i].dtype == np.dtype(dtype)
+                np.testing.assert_array_equal(request.obs[i], want)
+                assert bool(request.done[i]) == (row % 2 == t[i] % 2)
+            batch_sizes.append(len(request.env_ids))
+            served += len(request.env_ids)
+            b.server.send(request, expected_actions(request.env_ids, t))
+        assert b.exit_codes() == [0] * actors
+        assert max(batch_sizes) > envs, "requests of several actors were never batched"
+    finally:
+        b.server.close()
+
+
+@pytest.mark.parametrize("backend", [ShmBackend, InProcessBackend], ids=["shm", "inprocess"])
+def test_reconnect_gets_new_run_id_and_drops_stale_requests(backend, no_leaks):
+    b = backend(1, 2, (3,), "float32")
+    try:
+        first = b.server.connect(0)
+        client = first.open()
+        # A request of the old incarnation is in flight when the actor is replaced.
+        threading.Thread(target=lambda: _call_quietly(client), daemon=True).start()
+        request = None
+        while request is None:
+            request = b.server.recv(max_envs=2, timeout_s=0.01)
+        old_run = int(request.run_id[0])
+        b.launch(0, 2, (3,), "float32")  # the replacement
+        seen = []
+        while len(seen) < STEPS:
+            request = b.server.recv(max_envs=2, timeout_s=0.01)
+            if request is None:
+                continue
+            assert int(request.run_id[0]) != old_run
+            seen.append(request)
+            t = request.reward.astype(np.int64)
+            b.server.send(request, expected_actions(request.env_ids, t))
+        assert b.exit_codes() == [0]
+    finally:
+        b.server.close()
+
+
+def _call_quietly(client) -> None:
+    try:
+        client.call(np.zeros((2, 3), np.float32), np.zeros(2, np.float32), np.ones(2, bool))
+    except ConnectionError:
+        pass
