@@ -17,18 +17,30 @@ def no_leaks():
     yield
     leaked = {name for name in set(os.listdir("/dev/shm")) - before if name.startswith("psm_")}
     assert not leaked, f"leaked shared memory: {leaked}"
-    children = [p for p in psutil.Process().children(recursive=True) if p.is_running()
-                and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in
-                " ".join(p.cmdline())]
+    children = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.is_running()
+        and p.status() != psutil.STATUS_ZOMBIE
+        and "resource_tracker" not in " ".join(p.cmdline())
+    ]
     assert not children, f"orphan processes: {[p.cmdline() for p in children]}"
 
 
 def tiny_settings(run_dir: Path, **overrides) -> dict:
     """Settings for a short CartPole run that finishes in seconds."""
     settings = {
-        "env": "CartPole-v1", "actors": 2, "envs_per_actor": 4, "unroll": 8, "batch": 4,
-        "inference_batch": 8, "total_frames": 3000, "target_return": None,
-        "run_dir": str(run_dir), "progress": False, "log_every_s": 0.2,
+        "env": "CartPole-v1",
+        "actors": 2,
+        "envs_per_actor": 4,
+        "unroll": 8,
+        "batch": 4,
+        "inference_batch": 8,
+        "total_frames": 3000,
+        "target_return": None,
+        "run_dir": str(run_dir),
+        "progress": False,
+        "log_every_s": 0.2,
         "checkpoint_every_s": 1000.0,
     }
     settings.update(overrides)

@@ -68,7 +68,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _eval_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "eval", help="run a trained policy and report its return",
+        "eval",
+        help="run a trained policy and report its return",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("path", help="a run directory (its newest checkpoint) or a checkpoint file")

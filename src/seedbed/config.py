@@ -36,7 +36,7 @@ class TrainConfig:
     actors: int = setting(2, "actor processes, each stepping --envs-per-actor environments")
     envs_per_actor: int = setting(32, "environments each actor steps together")
     unroll: int = setting(16, "steps T per unroll; consecutive unrolls share one step")
-    batch: int = setting(8, "unrolls B per learner step")
+    batch: int = setting(16, "unrolls B per learner step")
     inference_batch: int = setting(64, "most environments per central inference call")
     inference_timeout_ms: float = setting(
         2.0, "longest wait for a fuller inference batch once a request arrived"
@@ -59,8 +59,16 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ConfigError on a value that cannot work."""
-        for name in ("actors", "envs_per_actor", "unroll", "batch", "inference_batch",
-                     "queue_size", "total_frames", "keep_checkpoints"):
+        for name in (
+            "actors",
+            "envs_per_actor",
+            "unroll",
+            "batch",
+            "inference_batch",
+            "queue_size",
+            "total_frames",
+            "keep_checkpoints",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{flag(name)} must be positive, got {getattr(self, name)}")
         for name in ("inference_timeout_ms", "checkpoint_every_s", "log_every_s"):
@@ -131,7 +139,9 @@ def coerce(name: str, value: Any, tp: Any) -> Any:
         if tp is int:
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError("expected a whole number")
-            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+            return (
+                int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+            )
         if tp is float:
             return float(value)
         if tp is str:
@@ -175,7 +185,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ConfigError(
+            f"config file {path} is not valid YAML: {str(e).splitlines()[0]}"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):

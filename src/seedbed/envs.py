@@ -67,7 +67,9 @@ def check_env_id(env_id: str) -> None:
     raise ConfigError(f"unknown environment '{env_id}'{hint}")
 
 
-def make_vector_env(env_id: str, num_envs: int, render_mode: str | None = None) -> gym.vector.VectorEnv:
+def make_vector_env(
+    env_id: str, num_envs: int, render_mode: str | None = None
+) -> gym.vector.VectorEnv:
     """E environments stepped together, resetting on the step an episode ends."""
     check_env_id(env_id)
     return gym.make_vec(

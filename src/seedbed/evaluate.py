@@ -31,7 +31,10 @@ def find_checkpoint(path: str | Path) -> Path:
 
 
 def evaluate(
-    path: str | Path, episodes: int, video: str | None = None, seed: int = 12345,
+    path: str | Path,
+    episodes: int,
+    video: str | None = None,
+    seed: int = 12345,
     device: str = "cpu",
 ) -> dict[str, Any]:
     """Run ``episodes`` episodes with the policy saved at ``path``; mean, std, min, max return."""
@@ -53,9 +56,13 @@ def evaluate(
             writer.close()
     r = np.asarray(returns)
     return {
-        "env": config.train.env, "episodes": episodes, "returns": r.tolist(),
-        "mean_return": float(r.mean()), "std_return": float(r.std()),
-        "min_return": float(r.min()), "max_return": float(r.max()),
+        "env": config.train.env,
+        "episodes": episodes,
+        "returns": r.tolist(),
+        "mean_return": float(r.mean()),
+        "std_return": float(r.std()),
+        "min_return": float(r.min()),
+        "max_return": float(r.max()),
     }
 
 

@@ -50,7 +50,9 @@ class LSTMCore(nn.Module):
         zeros = torch.zeros(batch_size, self.hidden_size, device=device)
         return (zeros, zeros.clone())
 
-    def forward(self, x: torch.Tensor, done: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+    def forward(
+        self, x: torch.Tensor, done: torch.Tensor, state: State
+    ) -> tuple[torch.Tensor, State]:
         """x [T, B, D], done [T, B] -> outputs [T, B, H] and the state after the last step."""
         h, c = state
         outputs = []

@@ -52,9 +52,7 @@ class UnrollQueue:
     def put(self, unrolls: Unrolls, timeout: float | None = None) -> bool:
         """Add a batch of unrolls; False if it timed out while full or the queue closed."""
         with self._cond:
-            if not self._cond.wait_for(
-                lambda: self._closed or self._size < self.capacity, timeout
-            ):
+            if not self._cond.wait_for(lambda: self._closed or self._size < self.capacity, timeout):
                 return False
             if self._closed:
                 return False
@@ -66,9 +64,7 @@ class UnrollQueue:
     def get(self, batch_size: int, timeout: float | None = None) -> Unrolls | None:
         """Take exactly ``batch_size`` unrolls in arrival order, or None on timeout or close."""
         with self._cond:
-            if not self._cond.wait_for(
-                lambda: self._closed or self._size >= batch_size, timeout
-            ):
+            if not self._cond.wait_for(lambda: self._closed or self._size >= batch_size, timeout):
                 return None
             if self._size < batch_size:
                 return None

@@ -28,8 +28,11 @@ def make_server(lstm: bool = True, unroll: int = 2):
 def request(transport, t: float, run: int, done=(False, False), reward=(1.0, 1.0)) -> Request:
     gen = transport._generation[0]
     return Request(
-        env_ids=np.array([0, 1]), obs=np.full((2, 3), t, np.float32),
-        reward=np.array(reward, np.float32), done=np.array(done), run_id=np.array([run, run]),
+        env_ids=np.array([0, 1]),
+        obs=np.full((2, 3), t, np.float32),
+        reward=np.array(reward, np.float32),
+        done=np.array(done),
+        run_id=np.array([run, run]),
         route=[(0, gen)],
     )
 

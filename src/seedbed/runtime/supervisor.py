@@ -56,8 +56,10 @@ class ActorSupervisor:
         seed = self._seed + 1_000_003 * self._launches + i  # a restarted actor sees new episodes
         self._launches += 1
         proc = self._ctx.Process(
-            target=self._target, args=(endpoint, *self._args, seed),
-            name=f"seedbed-actor-{i}", daemon=True,
+            target=self._target,
+            args=(endpoint, *self._args, seed),
+            name=f"seedbed-actor-{i}",
+            daemon=True,
         )
         proc.start()
         endpoint.close_parent_copy()
@@ -84,8 +86,12 @@ class ActorSupervisor:
             self._procs[i] = None
             return
         self.restarts += 1
-        log.warning("actor %d died (exit code %s); restarting it (restart %d)",
-                    i, proc.exitcode, self.restarts)
+        log.warning(
+            "actor %d died (exit code %s); restarting it (restart %d)",
+            i,
+            proc.exitcode,
+            self.restarts,
+        )
         self._launch(i)
 
     def kill(self, i: int) -> int:

@@ -115,22 +115,35 @@ class TrainingRun:
             cfg.actors, cfg.envs_per_actor, self.spec.obs_shape, self.spec.obs_dtype, ctx
         )
         server = InferenceServer(
-            self.agent, transport, queue, cfg.num_envs, cfg.unroll, cfg.inference_batch,
-            cfg.inference_timeout_ms / 1000.0, self.device,
+            self.agent,
+            transport,
+            queue,
+            cfg.num_envs,
+            cfg.unroll,
+            cfg.inference_batch,
+            cfg.inference_timeout_ms / 1000.0,
+            self.device,
         )
         server.stats.frames = self.frames
         server.publish(self.agent.network, self.learner_steps)
         supervisor = ActorSupervisor(
-            cfg.actors, transport.connect, run_actor, (cfg.env, cfg.envs_per_actor),
-            cfg.seed, ctx, cfg.max_actor_restarts,
+            cfg.actors,
+            transport.connect,
+            run_actor,
+            (cfg.env, cfg.envs_per_actor),
+            cfg.seed,
+            ctx,
+            cfg.max_actor_restarts,
         )
         stop = threading.Event()
         serving = threading.Thread(target=server.serve, args=(stop,), name="inference", daemon=True)
         self.supervisor, self.server = supervisor, server
         logger = RunLogger(
-            self.run_dir, total_frames=cfg.total_frames,
+            self.run_dir,
+            total_frames=cfg.total_frames,
             resume_frames=self.frames if cfg.resume else None,
-            progress=cfg.progress, console=self.console,
+            progress=cfg.progress,
+            console=self.console,
         )
         reason = "error"
         start = time.perf_counter()
@@ -192,8 +205,10 @@ class TrainingRun:
             "actor_restarts": supervisor.restarts,
         }
         logger.log(row)
-        reached = cfg.target_return is not None and mean_return is not None and (
-            mean_return >= cfg.target_return and self.window.count >= 1
+        reached = (
+            cfg.target_return is not None
+            and mean_return is not None
+            and (mean_return >= cfg.target_return and self.window.count >= 1)
         )
         if reached and self.target_reached is None:
             self.target_reached = {"frames": self.frames, "wall_s": round(wall_s, 3)}
@@ -205,7 +220,9 @@ class TrainingRun:
 
     def _save(self, elapsed: float) -> Path:
         return save_checkpoint(
-            self.checkpoints, self.frames, self._payload(self.wall_offset + elapsed),
+            self.checkpoints,
+            self.frames,
+            self._payload(self.wall_offset + elapsed),
             self.config.train.keep_checkpoints + 1,
         )
 
@@ -262,8 +279,10 @@ class _Window:
 
     def take(self) -> dict[str, float | None]:
         keys = ("loss", "loss_policy", "loss_baseline", "loss_entropy", "grad_norm", "policy_lag")
-        row = {k: (self._sums[k] / self._count if self._count and k in self._sums else None)
-               for k in keys}
+        row = {
+            k: (self._sums[k] / self._count if self._count and k in self._sums else None)
+            for k in keys
+        }
         self._sums, self._count = {}, 0
         return row
 
@@ -277,4 +296,3 @@ class _Window:
 def train(config: RunConfig, console: Console | None = None) -> dict[str, Any]:
     """Run training as configured and return its summary (also saved as summary.json)."""
     return TrainingRun(config, console).run()
-

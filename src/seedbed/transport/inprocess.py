@@ -76,8 +76,13 @@ class InProcessClient:
 
     def call(self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
         self._server._requests.put(
-            (self._actor, self._generation, np.array(obs), np.array(reward, np.float32),
-             np.array(done, np.bool_))
+            (
+                self._actor,
+                self._generation,
+                np.array(obs),
+                np.array(reward, np.float32),
+                np.array(done, np.bool_),
+            )
         )
         actions = self._replies.get()
         if actions is None:

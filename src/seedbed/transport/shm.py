@@ -10,6 +10,7 @@ server drop a request sent by an actor that has since been replaced.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -86,7 +87,11 @@ class SharedMemoryServer:
     """The learner's end of the shared-memory transport."""
 
     def __init__(
-        self, num_actors: int, envs_per_actor: int, obs_shape: tuple[int, ...], obs_dtype: str,
+        self,
+        num_actors: int,
+        envs_per_actor: int,
+        obs_shape: tuple[int, ...],
+        obs_dtype: str,
         context: Any,
     ) -> None:
         self._ctx = context
@@ -154,8 +159,14 @@ class SharedMemoryServer:
             env_ids = (actors[:, None] * e + np.arange(e)).reshape(-1)
             rows = env_ids
         run_id = np.repeat(self._generation[actors], e)
-        return Request(env_ids, a["obs"][rows], a["reward"][rows], a["done"][rows], run_id,
-                       route=(actors, run_id[::e].copy(), rows))
+        return Request(
+            env_ids,
+            a["obs"][rows],
+            a["reward"][rows],
+            a["done"][rows],
+            run_id,
+            route=(actors, run_id[::e].copy(), rows),
+        )
 
     def send(self, request: Request, actions: np.ndarray) -> None:
         """Write the actions into the actors' rows and wake each actor."""
@@ -166,10 +177,9 @@ class SharedMemoryServer:
                 conn = self._replies[actor]
                 if conn is None or generation != self._generation[actor]:
                     continue  # replaced meanwhile; the new actor never asked this
-                try:
+                # An actor that died cannot be woken; the supervisor restarts it with a new pipe.
+                with contextlib.suppress(OSError):
                     os.write(conn.fileno(), b"\x01")
-                except OSError:
-                    pass  # the actor died; the supervisor restarts it with a fresh pipe
 
     def close(self) -> None:
         """Close pipes and free the shared memory (actors see the learner gone)."""

@@ -13,7 +13,7 @@ from seedbed.errors import ConfigError
 class VTraceConfig:
     """IMPALA's loss, optimizer and network settings."""
 
-    lr: float = setting(2e-3, "learning rate")
+    lr: float = setting(5e-4, "learning rate")
     optimizer: Literal["adam", "rmsprop"] = setting("adam", "optimizer")
     adam_eps: float = setting(1e-8, "Adam epsilon")
     rmsprop_alpha: float = setting(0.99, "RMSProp smoothing constant")
@@ -26,10 +26,10 @@ class VTraceConfig:
     baseline_cost: float = setting(0.5, "weight of the value (baseline) loss")
     entropy_cost: float = setting(0.01, "weight of the entropy bonus")
     normalize_advantages: bool = setting(
-        False, "scale policy-gradient advantages by their batch standard deviation"
+        True, "scale policy-gradient advantages by their batch standard deviation"
     )
     reward_clip: float | None = setting(None, "clip learner rewards to [-x, x] (none: off)")
-    max_grad_norm: float | None = setting(40.0, "clip the global gradient norm (none: off)")
+    max_grad_norm: float | None = setting(0.5, "clip the global gradient norm (none: off)")
     hidden_sizes: tuple[int, ...] = setting((64, 64), "MLP torso layer widths")
     shared_torso: bool = setting(
         False, "policy and value share the MLP torso (a separate one is steadier)"

@@ -112,7 +112,7 @@ class VTraceAgent:
             )
         self.optimizer.step()
         metrics = {name: float(value.detach()) for name, value in terms.items()}
-        metrics["loss"] = float(loss)
+        metrics["loss"] = float(loss.detach())
         metrics["grad_norm"] = float(grad_norm)
         return metrics
 

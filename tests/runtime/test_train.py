@@ -1,0 +1,90 @@
+"""End-to-end training runs on one machine: real actor processes, shared memory, real envs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import threading
+import time
+
+import pytest
+
+from seedbed.config import resolve
+from seedbed.runtime.checkpoint import list_checkpoints
+from seedbed.runtime.train import TrainingRun, train
+from tests.conftest import tiny_settings
+
+
+def rows(run_dir):
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_run_directory_holds_everything(tmp_path, no_leaks):
+    summary = train(resolve([tiny_settings(tmp_path / "run")]))
+    run = tmp_path / "run"
+    assert summary["stop_reason"] == "total_frames" and summary["frames"] >= 3000
+    for name in ("config.yaml", "metrics.csv", "summary.json", "curve.png"):
+        assert (run / name).is_file(), name
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    assert list_checkpoints(run / "checkpoints")
+    saved = json.loads((run / "summary.json").read_text())
+    for key in (
+        "frames",
+        "wall_s",
+        "mean_fps",
+        "mean_return_100",
+        "target_reached_frames",
+        "target_reached_wall_s",
+    ):
+        assert key in saved
+    assert saved["target_reached_frames"] is None  # no target set
+    assert int(rows(run)[-1]["frames"]) > 0
+
+
+def test_resume_continues_frames_steps_and_metrics(tmp_path, no_leaks):
+    run = tmp_path / "run"
+    first = train(resolve([tiny_settings(run, total_frames=3000)]))
+    before = rows(run)
+    second = train(resolve([tiny_settings(run, total_frames=6000, resume=True)]))
+    after = rows(run)
+    assert second["frames"] >= 6000 > first["frames"]
+    assert second["learner_steps"] > first["learner_steps"]
+    assert second["wall_s"] > first["wall_s"]
+    assert after[: len(before)] == before  # the old rows stay
+    frames = [int(r["frames"]) for r in after]
+    assert frames == sorted(frames) and len(after) > len(before)
+
+
+def test_killed_actor_is_restarted_and_training_goes_on(tmp_path, no_leaks):
+    config = resolve([tiny_settings(tmp_path / "run", total_frames=40_000)])
+    run = TrainingRun(config)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(run.run()))
+    thread.start()
+    deadline = time.time() + 60
+    while (run.server is None or run.server.stats.frames < 2000) and time.time() < deadline:
+        time.sleep(0.05)
+    killed = run.supervisor.kill(0)
+    thread.join(120)
+    assert not thread.is_alive()
+    assert result["actor_restarts"] >= 1
+    assert result["stop_reason"] == "total_frames" and result["frames"] >= 40_000
+    assert killed not in run.supervisor.pids()
+
+
+@pytest.mark.slow
+def test_vtrace_solves_cartpole_within_budget(tmp_path, no_leaks):
+    settings = tiny_settings(
+        tmp_path / "run",
+        envs_per_actor=16,
+        unroll=16,
+        batch=16,
+        inference_batch=32,
+        total_frames=1_500_000,
+        target_return=195.0,
+    )
+    summary = train(resolve([settings]))
+    assert summary["stop_reason"] == "target_return", summary
+    assert summary["mean_return_100"] >= 195.0
+    assert summary["target_reached_frames"] <= 1_500_000

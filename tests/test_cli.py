@@ -1,0 +1,106 @@
+"""The command line as a user runs it: subprocesses, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import tiny_settings
+
+
+def seedbed(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "seedbed", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=cwd,
+    )
+
+
+def flags(settings: dict) -> list[str]:
+    out = []
+    for key, value in settings.items():
+        name = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(name if value else "--no-" + name[2:])
+        else:
+            out += [name, "none" if value is None else str(value)]
+    return out
+
+
+def test_help_lists_every_setting_with_its_default():
+    out = " ".join(seedbed("train", "--help").stdout.split())  # undo line wrapping
+    for flag in (
+        "--env",
+        "--agent",
+        "--actors",
+        "--envs-per-actor",
+        "--unroll",
+        "--batch",
+        "--inference-batch",
+        "--inference-timeout-ms",
+        "--lr",
+        "--total-frames",
+        "--target-return",
+        "--seed",
+        "--device",
+        "--run-dir",
+        "--resume",
+        "--lstm",
+        "--config",
+        "--discount",
+        "--entropy-cost",
+    ):
+        assert flag in out
+    assert "(default: CartPole-v1)" in out and "(default: 475.0)" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--env", "CartPol-v1"], "unknown environment 'CartPol-v1'; did you mean CartPole-v1"),
+        (["--actors", "0"], "--actors must be positive"),
+        (["--batch", "-1"], "--batch must be positive"),
+    ],
+)
+def test_bad_input_exits_nonzero_with_one_line(tmp_path, args, message):
+    result = seedbed("train", "--run-dir", str(tmp_path / "r"), "--no-progress", *args)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_unknown_key_in_config_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("actors: 2\nlearning_rate: 0.1\n")
+    result = seedbed("train", "--config", str(path), "--run-dir", str(tmp_path / "r"))
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unknown setting 'learning_rate'" in lines[0], result.stderr
+
+
+def test_corrupt_checkpoint(tmp_path):
+    ckpt = tmp_path / "r" / "checkpoints" / "ckpt-000000001000.pt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"PK\x03\x04 this is not a checkpoint")
+    for args in (["train", "--run-dir", str(tmp_path / "r"), "--resume"], ["eval", str(ckpt)]):
+        result = seedbed(*args)
+        assert result.returncode != 0
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "is corrupt or unreadable" in lines[0], result.stderr
+
+
+def test_train_then_eval_with_video(tmp_path):
+    run = tmp_path / "r"
+    result = seedbed("train", *flags(tiny_settings(run)))
+    assert result.returncode == 0, result.stderr
+    assert f"run directory: {run}" in result.stdout
+    assert "learning curve:" in result.stdout
+    video = tmp_path / "eval.mp4"
+    result = seedbed("eval", str(run), "--episodes", "2", "--video", str(video))
+    assert result.returncode == 0, result.stderr
+    assert "2 episodes of CartPole-v1: return" in result.stdout
+    assert video.stat().st_size > 1000

@@ -1,0 +1,62 @@
+"""Settings: defaults, YAML and flags in that order; typed values; clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from seedbed.config import TrainConfig, load_yaml, resolve
+from seedbed.errors import ConfigError
+
+
+def test_defaults_are_the_embedded_cartpole_run():
+    config = resolve([{}])
+    assert config.train.env == "CartPole-v1" and config.train.agent == "vtrace"
+    assert config.train.target_return == 475.0
+
+
+def test_later_layers_win_and_agent_settings_nest(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"actors": 3, "lr": 0.1, "vtrace": {"discount": 0.9}}))
+    config = resolve([load_yaml(path), {"lr": "0.5", "lstm": True}])
+    assert config.train.actors == 3
+    assert config.agent.lr == 0.5 and config.agent.discount == 0.9 and config.agent.lstm
+
+
+def test_saved_config_round_trips():
+    config = resolve([{"hidden_sizes": "32,16", "target_return": "none"}])
+    again = resolve([config.to_dict()])
+    assert again == config
+    assert again.agent.hidden_sizes == (32, 16) and again.train.target_return is None
+
+
+@pytest.mark.parametrize(
+    ("layer", "message"),
+    [
+        ({"actors": 0}, "--actors must be positive"),
+        ({"envs_per_actor": -2}, "--envs-per-actor must be positive"),
+        ({"batch": 64, "queue_size": 8}, "--queue-size (8) must be >= --batch (64)"),
+        ({"lr": "fast"}, "--lr: invalid value 'fast'"),
+        ({"actros": 2}, "unknown setting 'actros'; did you mean actors?"),
+        ({"device": "tpu"}, "--device: invalid value 'tpu'"),
+        ({"agent": "ppo"}, "unknown agent 'ppo'"),
+        ({"resume": True}, "--resume needs --run-dir"),
+    ],
+)
+def test_bad_settings_give_one_line_errors(layer, message):
+    with pytest.raises(ConfigError) as info:
+        resolve([layer])
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bad_yaml_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("- a\n- list\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_yaml(path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_yaml(tmp_path / "missing.yaml")
+
+
+def test_num_envs():
+    assert TrainConfig(actors=3, envs_per_actor=5).num_envs == 15
