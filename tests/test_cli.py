@@ -104,3 +104,35 @@ def test_train_then_eval_with_video(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "2 episodes of CartPole-v1: return" in result.stdout
     assert video.stat().st_size > 1000
+
+
+def test_ctrl_c_stops_cleanly(tmp_path):
+    import json
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    run = tmp_path / "r"
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seedbed", "train",
+         *flags(tiny_settings(run, total_frames=50_000_000))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.time() + 120
+    while not (run / "metrics.csv").is_file() and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len([c for c in children if "resource_tracker" not in " ".join(c.cmdline())]) >= 2
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "interrupted"
+    time.sleep(0.5)
+    alive = [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"orphan processes: {alive}"
+    leaked = {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("psm_")}
+    assert not leaked, f"leaked shared memory: {leaked}"

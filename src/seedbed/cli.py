@@ -63,7 +63,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"run directory: {summary['run_dir']}")
     if "curve" in summary:
         print(f"learning curve: {summary['curve']}")
-    return 0 if summary["stop_reason"] != "error" else 1
+    return {"error": 1, "interrupted": 130}.get(summary["stop_reason"], 0)
 
 
 def _eval_parser(subparsers: Any) -> None:

@@ -40,7 +40,8 @@ class NoopEnv(gym.Env):
     action_space = gym.spaces.Discrete(2)
     episode_length = 100
 
-    def __init__(self) -> None:
+    def __init__(self, render_mode: str | None = None) -> None:
+        self.render_mode = render_mode
         self._obs = np.zeros(4, np.float32)
         self._t = 0
 
