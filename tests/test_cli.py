@@ -117,9 +117,16 @@ def test_ctrl_c_stops_cleanly(tmp_path):
     run = tmp_path / "r"
     shm_before = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "seedbed", "train",
-         *flags(tiny_settings(run, total_frames=50_000_000))],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "seedbed",
+            "train",
+            *flags(tiny_settings(run, total_frames=50_000_000)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.time() + 120
     while not (run / "metrics.csv").is_file() and time.time() < deadline:

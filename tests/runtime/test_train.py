@@ -88,3 +88,8 @@ def test_vtrace_solves_cartpole_within_budget(tmp_path, no_leaks):
     assert summary["stop_reason"] == "target_return", summary
     assert summary["mean_return_100"] >= 195.0
     assert summary["target_reached_frames"] <= 1_500_000
+
+
+def test_lstm_run_completes(tmp_path, no_leaks):
+    summary = train(resolve([tiny_settings(tmp_path / "run", lstm=True)]))
+    assert summary["stop_reason"] == "total_frames" and summary["learner_steps"] > 0
