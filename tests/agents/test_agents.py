@@ -54,10 +54,11 @@ def test_agent_learns_and_checkpoints(name, lstm, tmp_path):
         metrics = agent.learn(batch)
         assert all(math.isfinite(v) for v in metrics.values()), metrics
         assert any(k.startswith("loss_") for k in metrics)
-    assert any(not torch.equal(a, b) for a, b in zip(before, agent.network.parameters()))
+    after = list(agent.network.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
     path = save_checkpoint(tmp_path, 1, {"agent": agent.state_dict()}, keep=1)
     again = make_agent(name, SPEC, config.agent, "cpu")
     again.load_state_dict(load_checkpoint(path)["agent"])
-    for a, b in zip(agent.state_dict()["network"].values(), again.state_dict()["network"].values()):
-        assert torch.equal(a, b)
+    saved, loaded = agent.state_dict()["network"], again.state_dict()["network"]
+    assert all(torch.equal(saved[k], loaded[k]) for k in saved)
     assert agent.learn(batch)["loss"] == pytest.approx(again.learn(batch)["loss"], rel=1e-5)
