@@ -93,3 +93,20 @@ def test_vtrace_solves_cartpole_within_budget(tmp_path, no_leaks):
 def test_lstm_run_completes(tmp_path, no_leaks):
     summary = train(resolve([tiny_settings(tmp_path / "run", lstm=True)]))
     assert summary["stop_reason"] == "total_frames" and summary["learner_steps"] > 0
+
+
+def test_crash_looping_actor_stops_the_run_with_a_clear_error(tmp_path, no_leaks):
+    import gymnasium as gym
+
+    from seedbed.errors import SeedbedError
+
+    # Registered here only: actor processes cannot make it, so every actor dies at start.
+    if "seedbed-test/OnlyHere-v0" not in gym.registry:
+        gym.register(
+            "seedbed-test/OnlyHere-v0",
+            entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+        )
+    settings = tiny_settings(tmp_path / "run", env="seedbed-test/OnlyHere-v0", max_actor_restarts=2)
+    with pytest.raises(SeedbedError, match="giving up"):
+        train(resolve([settings]))
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["stop_reason"] == "error"

@@ -145,7 +145,7 @@ class TrainingRun:
             progress=cfg.progress,
             console=self.console,
         )
-        reason = "error"
+        reason, error = "error", None
         start = time.perf_counter()
         try:
             supervisor.start()
@@ -153,6 +153,8 @@ class TrainingRun:
             reason = self._loop(queue, server, supervisor, logger, start)
         except KeyboardInterrupt:
             reason = "interrupted"
+        except SeedbedError as e:
+            error = e  # still save what was learned, then report it
         finally:
             stop.set()
             queue.close()
@@ -160,7 +162,10 @@ class TrainingRun:
             supervisor.stop()
             transport.close()
             logger.close()
-        return self._finish(reason, time.perf_counter() - start)
+        summary = self._finish(reason, time.perf_counter() - start)
+        if error is not None:
+            raise error
+        return summary
 
     def _loop(self, queue, server, supervisor, logger, start: float) -> str:
         cfg = self.config.train
