@@ -68,9 +68,7 @@ def check_env_id(env_id: str) -> None:
     raise ConfigError(f"unknown environment '{env_id}'{hint}")
 
 
-def make_vector_env(
-    env_id: str, num_envs: int, render_mode: str | None = None
-) -> gym.vector.VectorEnv:
+def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     """E environments stepped together, resetting on the step an episode ends."""
     check_env_id(env_id)
     return gym.make_vec(
@@ -78,7 +76,6 @@ def make_vector_env(
         num_envs=num_envs,
         vectorization_mode="sync",
         vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
-        render_mode=render_mode,
     )
 
 

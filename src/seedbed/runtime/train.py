@@ -63,6 +63,8 @@ class TrainingRun:
         if resume_from is not None:
             self._restore(resume_from)
         self.checkpoints = self.run_dir / "checkpoints"
+        self.supervisor: ActorSupervisor | None = None  # set while running
+        self.server: InferenceServer | None = None
 
     def _prepare_run_dir(self) -> Path | None:
         cfg = self.config.train
@@ -264,9 +266,6 @@ class TrainingRun:
         except Exception as e:  # a plot must never lose a finished run
             log.warning("could not draw the learning curve: %s", e)
         return summary
-
-    supervisor: ActorSupervisor | None = None
-    server: InferenceServer | None = None
 
 
 class _Window:

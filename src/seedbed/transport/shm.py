@@ -144,10 +144,12 @@ class SharedMemoryServer:
         buf, self._pending = buf[:take], buf[take:]
         records = np.frombuffer(buf, _RECORD)
         current = self._generation[records["actor"]] == records["generation"]
-        actors = np.unique(records["actor"][current]).astype(np.int64)
+        actors, first = np.unique(records["actor"][current], return_index=True)
         if len(actors) == 0:
             return None
-        return self._request(actors, records["generation"][current])
+        # The records' own generations are the run ids: a restart racing this recv cannot
+        # relabel an old request as the new run's.
+        return self._request(actors.astype(np.int64), records["generation"][current][first])
 
     def _request(self, actors: np.ndarray, generations: np.ndarray) -> Request:
         e = self._envs
@@ -158,14 +160,14 @@ class SharedMemoryServer:
         else:
             env_ids = (actors[:, None] * e + np.arange(e)).reshape(-1)
             rows = env_ids
-        run_id = np.repeat(self._generation[actors], e)
+        run_id = np.repeat(generations.astype(np.int64), e)
         return Request(
             env_ids,
             a["obs"][rows],
             a["reward"][rows],
             a["done"][rows],
             run_id,
-            route=(actors, run_id[::e].copy(), rows),
+            route=(actors, generations, rows),
         )
 
     def send(self, request: Request, actions: np.ndarray) -> None:
