@@ -26,8 +26,9 @@ def run_actor(endpoint: Any, env_id: str, num_envs: int, seed: int) -> None:
         obs, _ = envs.reset(seed=seed)
         reward = np.zeros(num_envs, np.float32)
         done = np.ones(num_envs, np.bool_)  # every env starts an episode
+        truncated = np.zeros(num_envs, np.bool_)
         while True:
-            action = client.call(obs, reward, done)
+            action = client.call(obs, reward, done, truncated)
             obs, reward, terminated, truncated, _ = envs.step(action)
             done = terminated | truncated
     except ConnectionError:

@@ -36,7 +36,7 @@ class TrainConfig:
     actors: int = setting(2, "actor processes, each stepping --envs-per-actor environments")
     envs_per_actor: int = setting(32, "environments each actor steps together")
     unroll: int = setting(16, "steps T per unroll; consecutive unrolls share one step")
-    batch: int = setting(16, "unrolls B per learner step")
+    batch: int = setting(32, "unrolls B per learner step")
     inference_batch: int = setting(64, "most environments per central inference call")
     inference_timeout_ms: float = setting(
         2.0, "longest wait for a fuller inference batch once a request arrived"

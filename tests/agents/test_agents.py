@@ -33,6 +33,7 @@ def collect(agent, num_envs: int = 4, unroll: int = 6):
             "prev_action": prev,
             "reward": step.reward,
             "done": done,
+            "truncated": done & (torch.rand(num_envs) < 0.5),
             "action": out.action,
             **out.extras,
         }
@@ -62,3 +63,23 @@ def test_agent_learns_and_checkpoints(name, lstm, tmp_path):
     saved, loaded = agent.state_dict()["network"], again.state_dict()["network"]
     assert all(torch.equal(saved[k], loaded[k]) for k in saved)
     assert agent.learn(batch)["loss"] == pytest.approx(again.learn(batch)["loss"], rel=1e-5)
+
+
+def test_time_limit_cuts_bootstrap_from_the_last_state():
+    from seedbed.agents.vtrace.learning import transition_targets
+
+    config = resolve([{"discount": 0.9, "bootstrap_time_limits": True}]).agent
+    steps = {
+        "reward": torch.tensor([[0.0], [1.0], [2.0], [3.0]]),
+        "done": torch.tensor([[True], [False], [True], [True]]),
+        "truncated": torch.tensor([[False], [False], [True], [False]]),
+    }
+    values = torch.tensor([[10.0], [20.0], [30.0], [40.0]], requires_grad=True)
+    rewards, discounts = transition_targets(steps, values, config)
+    # step 2 ends by a time limit: reward 2 plus 0.9 * V(x_1); step 3 ends the task: no bootstrap.
+    assert rewards[:, 0].tolist() == pytest.approx([1.0, 2.0 + 0.9 * 20.0, 3.0])
+    assert discounts[:, 0].tolist() == pytest.approx([0.9, 0.0, 0.0])
+    assert not rewards.requires_grad
+    config.bootstrap_time_limits = False
+    rewards, _ = transition_targets(steps, values, config)
+    assert rewards[:, 0].tolist() == [1.0, 2.0, 3.0]

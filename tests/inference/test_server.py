@@ -25,13 +25,16 @@ def make_server(lstm: bool = True, unroll: int = 2):
     return server, transport, queue
 
 
-def request(transport, t: float, run: int, done=(False, False), reward=(1.0, 1.0)) -> Request:
+def request(
+    transport, t: float, run: int, done=(False, False), reward=(1.0, 1.0), truncated=(0, 0)
+) -> Request:
     gen = transport._generation[0]
     return Request(
         env_ids=np.array([0, 1]),
         obs=np.full((2, 3), t, np.float32),
         reward=np.array(reward, np.float32),
         done=np.array(done),
+        truncated=np.array(truncated, bool),
         run_id=np.array([run, run]),
         route=[(0, gen)],
     )
@@ -87,3 +90,14 @@ def test_acting_uses_published_parameters():
     unrolls = queue.get(2, timeout=1)
     assert (unrolls.steps["action"] == 1).all()
     assert unrolls.policy_version.tolist() == [7, 7]
+
+
+def test_truncation_reaches_the_unroll_but_not_for_a_restart():
+    server, transport, queue = make_server(lstm=False, unroll=2)
+    transport.connect(0)
+    # A restart's first step is a new episode, never a time-limit cut, whatever the flag says.
+    server.step(request(transport, 0, run=1, done=(True, True), truncated=(1, 1)))
+    server.step(request(transport, 1, run=1))
+    server.step(request(transport, 2, run=1, done=(True, True), truncated=(1, 0)))
+    unrolls = queue.get(2, timeout=1)
+    assert unrolls.steps["truncated"].T.tolist() == [[False, False, True], [False, False, False]]

@@ -75,15 +75,13 @@ def test_killed_actor_is_restarted_and_training_goes_on(tmp_path, no_leaks):
 
 @pytest.mark.slow
 def test_vtrace_solves_cartpole_within_budget(tmp_path, no_leaks):
-    settings = tiny_settings(
-        tmp_path / "run",
-        envs_per_actor=16,
-        unroll=16,
-        batch=16,
-        inference_batch=32,
-        total_frames=1_500_000,
-        target_return=195.0,
-    )
+    # The embedded default run's settings, with the suite's lower target and a frame budget.
+    settings = {
+        "run_dir": str(tmp_path / "run"),
+        "progress": False,
+        "target_return": 195.0,
+        "total_frames": 1_500_000,
+    }
     summary = train(resolve([settings]))
     assert summary["stop_reason"] == "target_return", summary
     assert summary["mean_return_100"] >= 195.0

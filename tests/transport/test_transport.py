@@ -33,7 +33,9 @@ def scripted_actor(endpoint, actor: int, envs: int, shape: tuple, dtype: str) ->
     env_ids = np.arange(actor * envs, (actor + 1) * envs)
     for t in range(STEPS):
         obs = expected_obs(actor, t, envs, shape, dtype)
-        actions = client.call(obs, np.full(envs, t, np.float32), np.arange(envs) % 2 == t % 2)
+        done = np.arange(envs) % 2 == t % 2
+        truncated = done & (np.arange(envs) % 3 == 0)
+        actions = client.call(obs, np.full(envs, t, np.float32), done, truncated)
         if not np.array_equal(actions, expected_actions(env_ids, np.full(envs, t))):
             raise SystemExit(3)
     client.close()
@@ -101,6 +103,7 @@ def test_round_trip(backend, shape, dtype, no_leaks):
                 assert request.obs[i].dtype == np.dtype(dtype)
                 np.testing.assert_array_equal(request.obs[i], want)
                 assert bool(request.done[i]) == (row % 2 == t[i] % 2)
+                assert bool(request.truncated[i]) == (bool(request.done[i]) and row % 3 == 0)
             batch_sizes.append(len(request.env_ids))
             served += len(request.env_ids)
             b.server.send(request, expected_actions(request.env_ids, t))
@@ -139,4 +142,5 @@ def test_reconnect_gets_new_run_id_and_drops_stale_requests(backend, no_leaks):
 
 def _call_quietly(client) -> None:
     with contextlib.suppress(ConnectionError):
-        client.call(np.zeros((2, 3), np.float32), np.zeros(2, np.float32), np.ones(2, bool))
+        done = np.ones(2, bool)
+        client.call(np.zeros((2, 3), np.float32), np.zeros(2, np.float32), done, ~done)

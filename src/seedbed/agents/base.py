@@ -57,7 +57,8 @@ class Unrolls:
     next, so every transition is learned from once and the final value can bootstrap.
     """
 
-    steps: dict[str, torch.Tensor]  # obs, prev_action, reward, done, action, extras: [T+1, B, ...]
+    # obs, prev_action, reward, done, truncated, action and the agent's extras: [T+1, B, ...]
+    steps: dict[str, torch.Tensor]
     initial_state: State  # recurrent state before step 0, each [B, ...]
     policy_version: torch.Tensor  # [B] int64, learner version that acted each unroll's first step
 

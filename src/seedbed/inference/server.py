@@ -89,6 +89,7 @@ class InferenceServer:
         run_id = torch.from_numpy(np.ascontiguousarray(request.run_id))
         restarted = self._run_id[ids] != run_id
         done = torch.from_numpy(np.array(request.done, dtype=np.bool_)) | restarted
+        truncated = torch.from_numpy(np.array(request.truncated, dtype=np.bool_)) & ~restarted
         if restarted.any():
             self._reset(ids[restarted], run_id[restarted])
         reward = torch.from_numpy(np.array(request.reward, dtype=np.float32))
@@ -112,6 +113,7 @@ class InferenceServer:
             "prev_action": self._prev_action[ids],
             "reward": reward,
             "done": done,
+            "truncated": truncated,
             "action": action,
             **{k: v.cpu() for k, v in out.extras.items()},
         }

@@ -10,7 +10,7 @@ The server side's loop, as the inference server runs it::
 
 The actor side's loop::
 
-    actions = client.call(obs, reward, done)          # blocks until the learner answered
+    actions = client.call(obs, reward, done, truncated)   # blocks until the learner answered
 
 A transport moves arrays and nothing else: it knows no torch model and no algorithm. Arrays travel
 with their declared dtype and shape; nothing is unpickled.
@@ -29,14 +29,17 @@ class Request:
     """A batch of environment steps from one or more actors, as the server received them.
 
     Row i is environment ``env_ids[i]``. ``done[i]`` says ``obs[i]`` starts a new episode (the
-    reward is then the ended episode's last). ``run_id[i]`` changes when the actor owning the env
-    restarted, so the server can drop that env's recurrent state and partial unroll.
+    reward is then the ended episode's last); ``truncated[i]`` says that episode was cut by a time
+    limit rather than ended by the task, so the learner may still bootstrap it. ``run_id[i]``
+    changes when the actor owning the env restarted, so the server can drop that env's recurrent
+    state and partial unroll.
     """
 
     env_ids: np.ndarray  # [k] int64
     obs: np.ndarray  # [k, *obs_shape], the env's dtype
     reward: np.ndarray  # [k] float32
     done: np.ndarray  # [k] bool
+    truncated: np.ndarray  # [k] bool, only where done
     run_id: np.ndarray  # [k] int64
     route: Any = None  # the transport's own note of where the answers go
 
@@ -59,7 +62,9 @@ class ServerTransport(Protocol):
 class ActorTransport(Protocol):
     """An actor's end: one blocking call per step of its environments."""
 
-    def call(self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+    def call(
+        self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
+    ) -> np.ndarray:
         """Send this step of the actor's E environments; return their E actions.
 
         Raises ConnectionError when the learner has gone away.

@@ -50,6 +50,7 @@ class InProcessServer:
             obs=np.concatenate([it[2] for it in items]),
             reward=np.concatenate([it[3] for it in items]),
             done=np.concatenate([it[4] for it in items]),
+            truncated=np.concatenate([it[5] for it in items]),
             run_id=np.repeat([g for _, g, *_ in items], e).astype(np.int64),
             route=[(a, g) for a, g, *_ in items],
         )
@@ -74,7 +75,9 @@ class InProcessClient:
     def open(self) -> InProcessClient:
         return self
 
-    def call(self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+    def call(
+        self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
+    ) -> np.ndarray:
         self._server._requests.put(
             (
                 self._actor,
@@ -82,6 +85,7 @@ class InProcessClient:
                 np.array(obs),
                 np.array(reward, np.float32),
                 np.array(done, np.bool_),
+                np.array(truncated, np.bool_),
             )
         )
         actions = self._replies.get()

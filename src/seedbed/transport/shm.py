@@ -1,11 +1,11 @@
 """Shared-memory transport: actors on the learner's host, arrays written once, indices on pipes.
 
-One shared block per field holds every environment's row (observation, reward, done, action);
-actor ``a`` owns rows ``[a*E, (a+1)*E)``. An actor writes its rows, then writes an 8-byte record
-(actor, generation) to a pipe all actors share; the server reads many records with one syscall,
-answers by writing actions into the rows and one byte to the actor's own reply pipe. Pipe writes
-this small are atomic, so a dying actor cannot corrupt the channel, and the generation lets the
-server drop a request sent by an actor that has since been replaced.
+One shared block per field holds every environment's row (observation, reward, done, truncated,
+action); actor ``a`` owns rows ``[a*E, (a+1)*E)``. An actor writes its rows, then writes an
+8-byte record (actor, generation) to a pipe all actors share; the server reads many records with
+one syscall, answers by writing actions into the rows and one byte to the actor's own reply pipe.
+Pipe writes this small are atomic, so a dying actor cannot corrupt the channel, and the generation
+lets the server drop a request sent by an actor that has since been replaced.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 from seedbed.transport.base import Request
 
 _RECORD = np.dtype([("actor", "<i4"), ("generation", "<i4")])
-_FIELDS = ("obs", "reward", "done", "action")
+_FIELDS = ("obs", "reward", "done", "truncated", "action")
 _IDLE_POLL_MS = 100  # how long recv waits for a first request before returning None
 
 
@@ -46,6 +46,7 @@ class Layout:
             "obs": ((n, *self.obs_shape), np.dtype(self.obs_dtype)),
             "reward": ((n,), np.dtype(np.float32)),
             "done": ((n,), np.dtype(np.bool_)),
+            "truncated": ((n,), np.dtype(np.bool_)),
             "action": ((n,), np.dtype(np.int64)),
         }[field]
 
@@ -166,6 +167,7 @@ class SharedMemoryServer:
             a["obs"][rows],
             a["reward"][rows],
             a["done"][rows],
+            a["truncated"][rows],
             run_id,
             route=(actors, generations, rows),
         )
@@ -211,14 +213,18 @@ class SharedMemoryClient:
         rows = slice(endpoint.actor * e, (endpoint.actor + 1) * e)
         self._obs, self._reward = arrays["obs"][rows], arrays["reward"][rows]
         self._done, self._action = arrays["done"][rows], arrays["action"][rows]
+        self._truncated = arrays["truncated"][rows]
         self._record = np.array([(endpoint.actor, endpoint.generation)], _RECORD).tobytes()
         self._req_fd = endpoint.requests.fileno()
         self._reply_fd = endpoint.replies.fileno()
 
-    def call(self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+    def call(
+        self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
+    ) -> np.ndarray:
         self._obs[...] = obs
         self._reward[...] = reward
         self._done[...] = done
+        self._truncated[...] = truncated
         try:
             os.write(self._req_fd, self._record)
             answered = os.read(self._reply_fd, 1)
@@ -229,7 +235,7 @@ class SharedMemoryClient:
         return self._action.copy()
 
     def close(self) -> None:
-        self._obs = self._reward = self._done = self._action = None
+        self._obs = self._reward = self._done = self._truncated = self._action = None
         for block in self._blocks.values():
             block.close()
         self._endpoint.requests.close()

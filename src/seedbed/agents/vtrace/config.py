@@ -13,7 +13,7 @@ from seedbed.errors import ConfigError
 class VTraceConfig:
     """IMPALA's loss, optimizer and network settings."""
 
-    lr: float = setting(5e-4, "learning rate")
+    lr: float = setting(1.4e-3, "learning rate")
     optimizer: Literal["adam", "rmsprop"] = setting("adam", "optimizer")
     adam_eps: float = setting(1e-8, "Adam epsilon")
     rmsprop_alpha: float = setting(0.99, "RMSProp smoothing constant")
@@ -27,6 +27,10 @@ class VTraceConfig:
     entropy_cost: float = setting(0.01, "weight of the entropy bonus")
     normalize_advantages: bool = setting(
         True, "scale policy-gradient advantages by their batch standard deviation"
+    )
+    # Off by default: on CartPole it measured slower to a 100-episode mean of 475 (5 seeds).
+    bootstrap_time_limits: bool = setting(
+        False, "bootstrap episodes cut by a time limit instead of treating them as failures"
     )
     reward_clip: float | None = setting(None, "clip learner rewards to [-x, x] (none: off)")
     max_grad_norm: float | None = setting(0.5, "clip the global gradient norm (none: off)")

@@ -21,6 +21,26 @@ def make_networks(env_spec: EnvSpec, config: VTraceConfig) -> ActorCriticNet:
     return make_actor_critic(env_spec, config.hidden_sizes, lstm_size, config.shared_torso)
 
 
+def transition_targets(
+    steps: dict[str, torch.Tensor], values: torch.Tensor, config: VTraceConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewards and discounts of the T transitions of an unroll (step t to step t + 1).
+
+    Where step t + 1 starts a new episode the trace is cut (discount 0). If a time limit cut that
+    episode, the task itself did not end: its unseen last state is worth about what the last seen
+    one is, so ``gamma * V(x_t)`` is added to the reward in place of the missing bootstrap
+    (partial-episode bootstrapping, Pardo et al. 2018).
+    """
+    rewards = steps["reward"][1:]
+    if config.reward_clip is not None:
+        rewards = rewards.clamp(-config.reward_clip, config.reward_clip)
+    discounts = (~steps["done"][1:]).to(values.dtype) * config.discount
+    if config.bootstrap_time_limits:
+        cut = steps["truncated"][1:].to(values.dtype)
+        rewards = rewards + cut * config.discount * values[:-1].detach()
+    return rewards, discounts
+
+
 def vtrace_loss(
     net: ActorCriticNet, batch: Unrolls, config: VTraceConfig
 ) -> dict[str, torch.Tensor]:
@@ -32,10 +52,7 @@ def vtrace_loss(
     """
     s = batch.steps
     logits, values, _ = net(s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state)
-    rewards = s["reward"][1:]
-    if config.reward_clip is not None:
-        rewards = rewards.clamp(-config.reward_clip, config.reward_clip)
-    discounts = (~s["done"][1:]).to(values.dtype) * config.discount
+    rewards, discounts = transition_targets(s, values, config)
     targets, target_log_probs = vtrace_from_logits(
         behaviour_logits=s["logits"][:-1],
         target_logits=logits[:-1],
@@ -70,7 +87,9 @@ class VTraceAgent:
         self.network = make_networks(env_spec, config).to(self.device)
         params = self.network.parameters()
         if config.optimizer == "adam":
-            self.optimizer = torch.optim.Adam(params, lr=config.lr, eps=config.adam_eps)
+            # The fused kernel updates all parameters in one op: for small networks the
+            # per-tensor overhead of the default Adam is most of the step.
+            self.optimizer = torch.optim.Adam(params, lr=config.lr, eps=config.adam_eps, fused=True)
         else:
             self.optimizer = torch.optim.RMSprop(
                 params, lr=config.lr, alpha=config.rmsprop_alpha, eps=config.rmsprop_eps
