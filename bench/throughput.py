@@ -15,30 +15,13 @@ import argparse
 import json
 import multiprocessing
 import os
-import platform
 import tempfile
 import time
 
 import numpy as np
+from machine import machine
 
-
-def machine() -> dict:
-    import torch
-
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "platform": platform.platform(),
-    }
+from seedbed.config import resolve
 
 
 def _raw_worker(env_id: str, num_envs: int, seconds: float, out) -> None:
@@ -88,11 +71,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--noop", action="store_true", help="trivial env and tiny network")
-    p.add_argument("--actors", type=int, default=2)
-    p.add_argument("--envs-per-actor", type=int, default=32)
-    p.add_argument("--inference-batch", type=int, default=64)
-    p.add_argument("--unroll", type=int, default=16)
-    p.add_argument("--batch", type=int, default=16)
+    # Unset layout flags keep seedbed's own defaults, so the default measures the default run.
+    for name in ("actors", "envs-per-actor", "inference-batch", "unroll", "batch"):
+        p.add_argument(f"--{name}", type=int, default=None)
     p.add_argument("--frames", type=int, default=600_000, help="training frames to measure")
     p.add_argument("--raw-seconds", type=float, default=5.0)
     p.add_argument("--device", default="cpu")
@@ -100,13 +81,14 @@ def main() -> None:
 
     env_id = "seedbed/Noop-v0" if args.noop else args.env
     with tempfile.TemporaryDirectory() as tmp:
+        layout = {
+            k: v
+            for k, v in vars(args).items()
+            if k in ("actors", "envs_per_actor", "inference_batch", "unroll", "batch") and v
+        }
         settings = {
             "env": env_id,
-            "actors": args.actors,
-            "envs_per_actor": args.envs_per_actor,
-            "inference_batch": args.inference_batch,
-            "unroll": args.unroll,
-            "batch": args.batch,
+            **layout,
             "total_frames": args.frames,
             "target_return": None,
             "device": args.device,
@@ -118,14 +100,19 @@ def main() -> None:
         if args.noop:
             settings["hidden_sizes"] = "8"
         train_fps, summary = training_fps(settings)
-    raw = raw_env_fps(env_id, args.actors, args.envs_per_actor, args.raw_seconds)
+    train = resolve([settings]).train
+    raw = raw_env_fps(env_id, train.actors, train.envs_per_actor, args.raw_seconds)
     settings.pop("run_dir")
     print(
         json.dumps(
             {
                 "benchmark": "throughput",
                 "machine": machine(),
-                "setup": settings,
+                "setup": {
+                    **settings,
+                    "actors": train.actors,
+                    "envs_per_actor": train.envs_per_actor,
+                },
                 "train_env_frames_per_s": round(train_fps),
                 "raw_env_frames_per_s": round(raw),
                 "ratio": round(train_fps / raw, 3),

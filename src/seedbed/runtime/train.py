@@ -65,6 +65,7 @@ class TrainingRun:
         self.checkpoints = self.run_dir / "checkpoints"
         self.supervisor: ActorSupervisor | None = None  # set while running
         self.server: InferenceServer | None = None
+        self.started_at = time.time()
 
     def _prepare_run_dir(self) -> Path | None:
         cfg = self.config.train
@@ -149,6 +150,7 @@ class TrainingRun:
         )
         reason, error = "error", None
         start = time.perf_counter()
+        self.started_at = time.time()
         try:
             supervisor.start()
             serving.start()
@@ -248,6 +250,7 @@ class TrainingRun:
             "frames": self.frames,
             "frames_counted_as": "environment steps (agent steps)",
             "wall_s": round(wall_s, 3),
+            "session_started_at": self.started_at,  # unix time this session's wall clock began
             "mean_fps": round(self.frames / wall_s, 1) if wall_s > 0 else None,
             "mean_return_100": self.window.mean_return(),
             "episodes": self.window.count,
