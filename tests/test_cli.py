@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.conftest import tiny_settings
 
@@ -64,6 +65,11 @@ def test_help_lists_every_setting_with_its_default():
         (["--env", "CartPol-v1"], "unknown environment 'CartPol-v1'; did you mean CartPole-v1"),
         (["--actors", "0"], "--actors must be positive"),
         (["--batch", "-1"], "--batch must be positive"),
+        pytest.param(
+            ["--device", "cuda"],
+            "no CUDA device is available; use --device cpu",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present"),
+        ),
     ],
 )
 def test_bad_input_exits_nonzero_with_one_line(tmp_path, args, message):

@@ -108,3 +108,12 @@ def test_crash_looping_actor_stops_the_run_with_a_clear_error(tmp_path, no_leaks
     with pytest.raises(SeedbedError, match="giving up"):
         train(resolve([settings]))
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["stop_reason"] == "error"
+
+
+def test_one_env_per_actor_and_partial_batches(tmp_path, no_leaks):
+    # E=1 with 3 actors and batches of 2 envs: requests of non-adjacent actors are gathered.
+    settings = tiny_settings(
+        tmp_path / "run", actors=3, envs_per_actor=1, inference_batch=2, total_frames=1500
+    )
+    summary = train(resolve([settings]))
+    assert summary["stop_reason"] == "total_frames" and summary["learner_steps"] > 0
