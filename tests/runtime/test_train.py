@@ -117,3 +117,14 @@ def test_one_env_per_actor_and_partial_batches(tmp_path, no_leaks):
     )
     summary = train(resolve([settings]))
     assert summary["stop_reason"] == "total_frames" and summary["learner_steps"] > 0
+
+
+def test_seed_fixes_the_initial_network(tmp_path):
+    def first_weights(seed, name):
+        config = resolve([tiny_settings(tmp_path / name, seed=seed)])
+        return next(TrainingRun(config).agent.network.parameters()).detach().clone()
+
+    import torch
+
+    assert torch.equal(first_weights(3, "a"), first_weights(3, "b"))
+    assert not torch.equal(first_weights(3, "c"), first_weights(4, "d"))

@@ -53,13 +53,13 @@ class TrainingRun:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.spec = make_spec(cfg.env)
+        torch.manual_seed(cfg.seed)  # before the networks exist: the seed fixes their init too
         self.agent = make_agent(cfg.agent, self.spec, config.agent, self.device)
         self.window = EpisodeWindow(100)
         self.frames = self.learner_steps = 0
         self.wall_offset = 0.0
         self.target_reached: dict[str, float] | None = None
         resume_from = self._prepare_run_dir()
-        torch.manual_seed(cfg.seed)
         if resume_from is not None:
             self._restore(resume_from)
         self.checkpoints = self.run_dir / "checkpoints"
