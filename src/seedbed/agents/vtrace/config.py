@@ -18,7 +18,7 @@ class VTraceConfig:
     adam_eps: float = setting(1e-8, "Adam epsilon")
     rmsprop_alpha: float = setting(0.99, "RMSProp smoothing constant")
     rmsprop_eps: float = setting(0.01, "RMSProp epsilon (IMPALA used 0.01)")
-    discount: float = setting(0.99, "discount factor gamma")
+    discount: float = setting(0.995, "discount factor gamma")
     td_lambda: float = setting(1.0, "V-trace lambda, mixing in shorter returns")
     clip_rho: float = setting(1.0, "rho-bar: clip of importance weights in the value targets")
     clip_pg_rho: float = setting(1.0, "clip of importance weights in the policy gradient")
