@@ -1,17 +1,22 @@
 """Training throughput against the limit set by the environments themselves.
 
-Prints JSON: training env frames/s for a setup (steady state, after warm-up), the raw env steps/s
-of the same number of actor processes stepping the same envs with random actions and no learning,
-and their ratio. ``--noop`` uses a trivial env and a tiny network to measure framework overhead.
+Prints JSON: training frames/s for a setup (steady state, after warm-up), the raw frames/s of the
+same number of actor processes stepping the same envs with random actions and no learning, and
+their ratio. Atari ids count emulator frames (agent steps x frame skip) everywhere, and measure
+the raw rate of both backends, so the ratio to the fastest one is printed too. ``--profile``
+adds where each part's time went: actors (stepping envs or waiting for actions), the inference
+thread and the learner thread. ``--noop`` uses a trivial env and a tiny network to measure
+framework overhead. Flags after ``--`` go to ``seedbed train`` unchanged.
 
     python bench/throughput.py                      # the default CartPole run's settings
     python bench/throughput.py --noop
-    python bench/throughput.py --env Acrobot-v1 --actors 2 --envs-per-actor 32 --frames 400000
+    python bench/throughput.py --env atari:Pong --profile -- --env-backend envpool
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -21,40 +26,49 @@ import time
 import numpy as np
 from machine import machine
 
-from seedbed.config import resolve
+from seedbed.cli import build_parser
+from seedbed.config import RunConfig, resolve, to_dict
 
 
-def _raw_worker(env_id: str, num_envs: int, seconds: float, out) -> None:
+def _raw_worker(env_id: str, num_envs: int, settings, seconds: float, out) -> None:
     from seedbed.envs import make_vector_env
 
-    envs = make_vector_env(env_id, num_envs)
+    envs = make_vector_env(env_id, num_envs, 0, settings)
     envs.reset(seed=0)
+    actions = envs.single_action_space.n
+    rng = np.random.default_rng(0)
     steps, end = 0, time.perf_counter() + seconds
     while time.perf_counter() < end:
-        envs.step(envs.action_space.sample())
+        envs.step(rng.integers(0, actions, num_envs))
         steps += num_envs
     out.put(steps)
 
 
-def raw_env_fps(env_id: str, actors: int, num_envs: int, seconds: float) -> float:
-    """Env steps/s of ``actors`` processes stepping ``num_envs`` envs each, nothing else."""
+def raw_env_fps(config: RunConfig, seconds: float, backend: str | None = None) -> float:
+    """Frames/s of the run's actor processes stepping their envs, nothing else."""
+    train = config.train
+    settings = train.atari_settings()
+    if backend is not None:
+        settings = dataclasses.replace(settings, backend=backend)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     procs = [
-        ctx.Process(target=_raw_worker, args=(env_id, num_envs, seconds, out))
-        for _ in range(actors)
+        ctx.Process(
+            target=_raw_worker, args=(train.env, train.envs_per_actor, settings, seconds, out)
+        )
+        for _ in range(train.actors)
     ]
     for p in procs:
         p.start()
     total = sum(out.get() for _ in procs)
     for p in procs:
         p.join()
-    return total / seconds
+    frame_skip = train.frame_skip if train.env.startswith("atari:") else 1
+    return total * frame_skip / seconds
 
 
 def training_fps(settings: dict) -> tuple[float, dict]:
-    """Steady-state env frames/s of a training run (the first 20% of frames are warm-up)."""
-    from seedbed.config import resolve
+    """Steady-state frames/s of a training run (the first 20% of frames are warm-up)."""
     from seedbed.runtime.train import train
     from seedbed.telemetry import read_metrics
 
@@ -67,62 +81,75 @@ def training_fps(settings: dict) -> tuple[float, dict]:
     return float(fps), summary
 
 
+def train_flags(extra: list[str]) -> dict:
+    """``seedbed train`` flags as a settings layer, parsed by seedbed's own parser."""
+    args = build_parser().parse_args(["train", *extra])
+    return {k: v for k, v in vars(args).items() if k not in ("command", "config", "verbose")}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--noop", action="store_true", help="trivial env and tiny network")
-    # Unset layout flags keep seedbed's own defaults, so the default measures the default run.
-    for name in ("actors", "envs-per-actor", "inference-batch", "unroll", "batch"):
-        p.add_argument(f"--{name}", type=int, default=None)
-    p.add_argument("--frames", type=int, default=600_000, help="training frames to measure")
+    p.add_argument("--profile", action="store_true", help="print where time went")
+    p.add_argument("--frames", type=int, default=None, help="training frames to measure")
     p.add_argument("--raw-seconds", type=float, default=5.0)
     p.add_argument("--device", default="cpu")
+    p.add_argument("train_flags", nargs="*", help="flags for seedbed train, after --")
     args = p.parse_args()
 
     env_id = "seedbed/Noop-v0" if args.noop else args.env
+    atari = env_id.startswith("atari:")
+    frames = args.frames or (2_000_000 if atari else 600_000)
     with tempfile.TemporaryDirectory() as tmp:
-        layout = {
-            k: v
-            for k, v in vars(args).items()
-            if k in ("actors", "envs_per_actor", "inference_batch", "unroll", "batch") and v
-        }
         settings = {
             "env": env_id,
-            **layout,
-            "total_frames": args.frames,
+            "total_frames": frames,
             "target_return": None,
             "device": args.device,
-            "run_dir": os.path.join(tmp, "run"),
             "progress": False,
             "log_every_s": 0.5,
             "checkpoint_every_s": 1e9,
+            **({"hidden_sizes": "8"} if args.noop else {}),
+            **train_flags(args.train_flags),
+            "run_dir": os.path.join(tmp, "run"),
         }
-        if args.noop:
-            settings["hidden_sizes"] = "8"
         train_fps, summary = training_fps(settings)
-    train = resolve([settings]).train
-    raw = raw_env_fps(env_id, train.actors, train.envs_per_actor, args.raw_seconds)
+    config = resolve([settings])
+    raw = {config.train.env_backend: raw_env_fps(config, args.raw_seconds)}
+    if atari:  # the goal compares with the fastest backend
+        for backend in ("gymnasium", "envpool"):
+            if backend not in raw:
+                raw[backend] = raw_env_fps(config, args.raw_seconds, backend)
+    own = raw[config.train.env_backend]
     settings.pop("run_dir")
-    print(
-        json.dumps(
-            {
-                "benchmark": "throughput",
-                "machine": machine(),
-                "setup": {
-                    **settings,
-                    "actors": train.actors,
-                    "envs_per_actor": train.envs_per_actor,
-                },
-                "train_env_frames_per_s": round(train_fps),
-                "raw_env_frames_per_s": round(raw),
-                "ratio": round(train_fps / raw, 3),
-                "frames_counted_as": "environment steps",
-                "run": {k: summary[k] for k in ("frames", "wall_s", "mean_fps", "learner_steps")},
-            },
-            indent=2,
-        )
-    )
+    report = {
+        "benchmark": "throughput",
+        "machine": machine(),
+        "setup": {
+            **settings,
+            **{k: v for k, v in to_dict(config.train).items() if k in _SHOWN},
+            **{k: v for k, v in to_dict(config.agent).items() if k in _SHOWN},
+        },
+        "train_frames_per_s": round(train_fps),
+        "raw_env_frames_per_s": round(own),
+        "ratio": round(train_fps / own, 3),
+        "frames_counted_as": summary["frames_counted_as"],
+        "run": {k: summary[k] for k in ("frames", "wall_s", "mean_fps", "learner_steps")},
+    }
+    if atari:
+        fastest = max(raw, key=raw.get)
+        report["raw_env_frames_per_s_by_backend"] = {k: round(v) for k, v in raw.items()}
+        report["ratio_to_fastest_backend"] = round(train_fps / raw[fastest], 3)
+    if args.profile:
+        report["time_shares"] = summary["time_shares"]
+    print(json.dumps(report, indent=2))
 
+
+_SHOWN = (
+    *("actors", "envs_per_actor", "env_backend", "threads", "unroll", "batch"),
+    *("inference_batch", "torso", "torso_dtype", "lstm"),
+)
 
 if __name__ == "__main__":
     main()

@@ -60,3 +60,17 @@ def test_bad_yaml_file(tmp_path):
 
 def test_num_envs():
     assert TrainConfig(actors=3, envs_per_actor=5).num_envs == 15
+
+
+def test_atari_ids_get_their_family_defaults_below_files_and_flags(tmp_path):
+    atari = resolve([{"env": "atari:Pong"}])
+    assert atari.train.target_return is None and atari.train.unroll == 20
+    assert atari.agent.torso == "nature" and atari.agent.shared_torso
+    assert atari.agent.discount == 0.99 and atari.agent.reward_clip == 1.0
+    classic = resolve([{"env": "Acrobot-v1"}])
+    assert classic.agent.torso == "mlp" and classic.train.unroll == 16
+    path = tmp_path / "c.yaml"
+    path.write_text("env: atari:Pong\nunroll: 40\nvtrace:\n  torso: impala\n")
+    mine = resolve([load_yaml(path), {"discount": 0.9}])
+    assert mine.train.unroll == 40 and mine.agent.torso == "impala"
+    assert mine.agent.discount == 0.9 and mine.agent.reward_clip == 1.0

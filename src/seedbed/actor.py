@@ -12,16 +12,19 @@ from typing import Any
 
 import numpy as np
 
+from seedbed.atari import AtariSettings
 from seedbed.envs import make_vector_env
 
 log = logging.getLogger(__name__)
 
 
-def run_actor(endpoint: Any, env_id: str, num_envs: int, seed: int) -> None:
+def run_actor(
+    endpoint: Any, env_id: str, num_envs: int, settings: AtariSettings | None, seed: int
+) -> None:
     """Act until the learner goes away. ``endpoint.open()`` gives the transport client."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when actors stop
     client = endpoint.open()
-    envs = make_vector_env(env_id, num_envs)
+    envs = make_vector_env(env_id, num_envs, seed, settings)
     try:
         obs, _ = envs.reset(seed=seed)
         reward = np.zeros(num_envs, np.float32)

@@ -31,7 +31,9 @@ def setting(default: Any, help: str) -> Any:  # noqa: A002 - mirrors argparse's 
 class TrainConfig:
     """How a training run is laid out: environments, processes, budget and bookkeeping."""
 
-    env: str = setting("CartPole-v1", "environment id: any Gymnasium id")
+    env: str = setting(
+        "CartPole-v1", "environment id: any Gymnasium id, or atari:GAME (e.g. atari:Pong)"
+    )
     agent: str = setting("vtrace", "learning algorithm")
     actors: int = setting(2, "actor processes, each stepping --envs-per-actor environments")
     envs_per_actor: int = setting(32, "environments each actor steps together")
@@ -56,6 +58,20 @@ class TrainConfig:
     log_every_s: float = setting(1.0, "seconds between metrics rows")
     max_actor_restarts: int = setting(20, "give up once actors have been restarted this often")
     progress: bool = setting(True, "show the live progress display")
+    # Atari preprocessing (atari:GAME ids only); defaults: Machado et al. (2018) sticky actions.
+    env_backend: Literal["gymnasium", "envpool"] = setting(
+        "gymnasium", "Atari backend: Gymnasium's ALE wrappers, or EnvPool (faster, C++)"
+    )
+    frame_skip: int = setting(4, "emulator frames per agent step (max of the last two is seen)")
+    sticky_actions: float = setting(
+        0.25, "probability that the emulator repeats the previous action on each frame"
+    )
+    full_action_space: bool = setting(False, "all 18 actions instead of the game's minimal set")
+    noop_max: int = setting(0, "start episodes with up to this many no-ops (0: none)")
+    frame_stack: int = setting(4, "frames stacked into one observation")
+    screen_size: int = setting(84, "observations are screen-size x screen-size grayscale")
+    max_episode_frames: int = setting(108_000, "cut episodes after this many emulator frames")
+    terminal_on_life_loss: bool = setting(False, "end the episode when a life is lost")
 
     def validate(self) -> None:
         """Raise ConfigError on a value that cannot work."""
@@ -68,14 +84,20 @@ class TrainConfig:
             "queue_size",
             "total_frames",
             "keep_checkpoints",
+            "frame_skip",
+            "frame_stack",
+            "screen_size",
+            "max_episode_frames",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{flag(name)} must be positive, got {getattr(self, name)}")
         for name in ("inference_timeout_ms", "checkpoint_every_s", "log_every_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
-        if self.threads < 0 or self.max_actor_restarts < 0:
-            raise ConfigError("--threads and --max-actor-restarts must be >= 0")
+        if not 0.0 <= self.sticky_actions <= 1.0:
+            raise ConfigError(f"--sticky-actions must lie in [0, 1], got {self.sticky_actions}")
+        if self.threads < 0 or self.max_actor_restarts < 0 or self.noop_max < 0:
+            raise ConfigError("--threads, --max-actor-restarts and --noop-max must be >= 0")
         if self.queue_size < self.batch:
             raise ConfigError(
                 f"--queue-size ({self.queue_size}) must be >= --batch ({self.batch}), "
@@ -88,6 +110,22 @@ class TrainConfig:
     def num_envs(self) -> int:
         """All environments across all actors."""
         return self.actors * self.envs_per_actor
+
+    def atari_settings(self) -> Any:
+        """The Atari preprocessing these settings ask for (an ``AtariSettings``)."""
+        from seedbed.atari import AtariSettings
+
+        return AtariSettings(
+            backend=self.env_backend,
+            frame_skip=self.frame_skip,
+            sticky_actions=self.sticky_actions,
+            full_action_space=self.full_action_space,
+            noop_max=self.noop_max,
+            frame_stack=self.frame_stack,
+            screen_size=self.screen_size,
+            max_episode_frames=self.max_episode_frames,
+            terminal_on_life_loss=self.terminal_on_life_loss,
+        )
 
 
 def flag(name: str) -> str:
@@ -243,22 +281,38 @@ class RunConfig:
         self.agent.validate()
 
 
+# Run settings whose defaults differ by environment family. They sit above the dataclass
+# defaults and below --config and flags; agents keep their own table (FAMILY_DEFAULTS).
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "classic": {},
+    # Atari's CNN makes the learner the busiest part: torch may use every core.
+    "atari": {"target_return": None, "total_frames": 50_000_000, "unroll": 20, "threads": 0},
+}
+
+
+def env_family(env_id: str) -> str:
+    """The family whose defaults apply to ``env_id``: 'atari' for atari:GAME, else 'classic'."""
+    return "atari" if env_id.startswith("atari:") else "classic"
+
+
 def resolve(layers: list[dict[str, Any]]) -> RunConfig:
     """Merge setting layers (earlier ones lose) into a validated RunConfig.
 
     Each layer maps names to values; a layer may hold agent settings flat or nested under the
-    agent's name, as ``config.yaml`` does.
+    agent's name, as ``config.yaml`` does. The defaults of the environment's family come first.
     """
-    from seedbed.agents import AGENTS, config_class  # no torch: only the agents' config modules
+    from seedbed.agents import AGENTS, config_class, family_defaults  # no torch: config only
 
     train_names = {f.name for f in dataclasses.fields(TrainConfig)}
     train_values: dict[str, Any] = {}
     for layer in layers:
         train_values.update({k: v for k, v in layer.items() if k in train_names})
+    family = env_family(str(train_values.get("env", TrainConfig.env)))
+    train_values = {**FAMILY_DEFAULTS[family], **train_values}
     agent_name = train_values.get("agent", TrainConfig.agent)
     agent_cls = config_class(agent_name)
     agent_names = {f.name for f in dataclasses.fields(agent_cls)}
-    agent_values: dict[str, Any] = {}
+    agent_values: dict[str, Any] = dict(family_defaults(agent_name, family))
     for layer in layers:
         for key, value in layer.items():
             if key in train_names:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from seedbed import atari
+from seedbed.atari import AtariSettings
 from seedbed.errors import ConfigError
 
 NOOP_ENV_ID = "seedbed/Noop-v0"
@@ -27,6 +30,8 @@ class EnvSpec:
     obs_shape: tuple[int, ...]
     obs_dtype: str  # numpy dtype name; observations travel in this dtype
     num_actions: int  # size of the discrete action set
+    frame_skip: int = 1  # emulator frames per agent step: reports count frames, not steps
+    protocol: str | None = None  # how the environment is set up, for the run's summary
 
     @property
     def obs_numpy_dtype(self) -> np.dtype:
@@ -60,7 +65,10 @@ if NOOP_ENV_ID not in gym.registry:
 
 
 def check_env_id(env_id: str) -> None:
-    """Raise a one-line ConfigError, with close matches, when ``env_id`` is not registered."""
+    """Raise a one-line ConfigError, with close matches, when ``env_id`` is not known."""
+    if atari.is_atari(env_id):
+        atari.game_name(env_id)
+        return
     if env_id in gym.registry:
         return
     close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
@@ -68,18 +76,36 @@ def check_env_id(env_id: str) -> None:
     raise ConfigError(f"unknown environment '{env_id}'{hint}")
 
 
-def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
-    """E environments stepped together, resetting on the step an episode ends."""
+def make_env(
+    env_id: str, settings: AtariSettings | None = None, render_mode: str | None = None
+) -> gym.Env:
+    """One environment, preprocessed as training sees it (``atari:`` ids use ``settings``)."""
     check_env_id(env_id)
-    return gym.make_vec(
-        env_id,
-        num_envs=num_envs,
-        vectorization_mode="sync",
-        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+    if atari.is_atari(env_id):
+        return atari.make_env(env_id, settings or AtariSettings.defaults(), render_mode)
+    return gym.make(env_id, render_mode=render_mode)
+
+
+def make_vector_env(
+    env_id: str, num_envs: int, seed: int, settings: AtariSettings | None = None
+) -> Any:
+    """E environments stepped together, resetting on the step an episode ends.
+
+    The result has Gymnasium's vector API: ``reset(seed=seed)`` then ``step(actions)``.
+    """
+    check_env_id(env_id)
+    settings = settings or AtariSettings.defaults()
+    if atari.is_atari(env_id) and settings.backend == "envpool":
+        return atari.EnvPoolVector(env_id, settings, num_envs, seed)
+    return gym.vector.SyncVectorEnv(
+        [lambda: make_env(env_id, settings) for _ in range(num_envs)],
+        autoreset_mode=AutoresetMode.SAME_STEP,
     )
 
 
-def spec_from_spaces(env_id: str, obs_space: gym.Space, action_space: gym.Space) -> EnvSpec:
+def spec_from_spaces(
+    env_id: str, obs_space: gym.Space, action_space: gym.Space, **extra: Any
+) -> EnvSpec:
     """Build an EnvSpec, refusing spaces the agents cannot handle with a clear message."""
     if not isinstance(obs_space, gym.spaces.Box):
         raise ConfigError(
@@ -91,14 +117,21 @@ def spec_from_spaces(env_id: str, obs_space: gym.Space, action_space: gym.Space)
             f"{env_id}: action space {action_space} is not supported by this agent; it needs a "
             "discrete action space"
         )
-    return EnvSpec(env_id, tuple(obs_space.shape), obs_space.dtype.name, int(action_space.n))
+    return EnvSpec(
+        env_id, tuple(obs_space.shape), obs_space.dtype.name, int(action_space.n), **extra
+    )
 
 
-def make_spec(env_id: str) -> EnvSpec:
+def make_spec(env_id: str, settings: AtariSettings | None = None) -> EnvSpec:
     """Describe ``env_id`` by making one instance and reading its spaces."""
-    check_env_id(env_id)
-    env = gym.make(env_id)
+    env = make_env(env_id, settings)
+    extra = {}
+    if atari.is_atari(env_id):
+        settings = settings or AtariSettings.defaults()
+        if settings.backend == "envpool":
+            atari.envpool_id(env_id)  # fail here, not in every actor
+        extra = {"frame_skip": settings.frame_skip, "protocol": settings.protocol()}
     try:
-        return spec_from_spaces(env_id, env.observation_space, env.action_space)
+        return spec_from_spaces(env_id, env.observation_space, env.action_space, **extra)
     finally:
         env.close()

@@ -12,7 +12,7 @@ import torch
 from seedbed.agents import make_agent
 from seedbed.agents.base import StepInput
 from seedbed.config import resolve
-from seedbed.envs import check_env_id, make_spec
+from seedbed.envs import make_env, make_spec
 from seedbed.errors import SeedbedError
 from seedbed.runtime.checkpoint import latest_checkpoint, load_checkpoint
 
@@ -40,11 +40,11 @@ def evaluate(
     """Run ``episodes`` episodes with the policy saved at ``path``; mean, std, min, max return."""
     state = load_checkpoint(find_checkpoint(path))
     config = resolve([state["config"]])
-    check_env_id(config.train.env)
-    spec = make_spec(config.train.env)
+    settings = config.train.atari_settings()
+    spec = make_spec(config.train.env, settings)
     agent = make_agent(config.train.agent, spec, config.agent, torch.device(device))
     agent.load_state_dict(state["agent"])
-    env = gym.make(config.train.env, render_mode="rgb_array" if video else None)
+    env = make_env(config.train.env, settings, render_mode="rgb_array" if video else None)
     writer = _video_writer(video, env) if video else None
     returns = []
     try:

@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from seedbed.envs import EnvSpec
+from seedbed.errors import ConfigError
 
 State = tuple[torch.Tensor, ...]
 
@@ -33,9 +34,82 @@ class MLPTorso(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """[N, *obs_shape] in any dtype (uint8 frames are scaled to [0, 1]) -> [N, out_size]."""
-        x = obs.flatten(1)
-        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-        return self.layers(x)
+        return self.layers(_scaled(obs.flatten(1)))
+
+
+def _scaled(obs: torch.Tensor) -> torch.Tensor:
+    """Observations as float; uint8 frames become [0, 1] here, once, on the network's device."""
+    return obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+
+
+class NatureCNN(nn.Module):
+    """The DQN torso of Mnih et al. (2015): three convolutions and a 512-unit layer."""
+
+    def __init__(self, obs_shape: tuple[int, ...], out_size: int = 512) -> None:
+        super().__init__()
+        channels, height, width = obs_shape
+        self.convs = nn.Sequential(
+            nn.Conv2d(channels, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            flat = self.convs(torch.zeros(1, channels, height, width)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(flat, out_size), nn.ReLU())
+        self.out_size = out_size
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """[N, C, H, W] frames -> [N, out_size]."""
+        return self.fc(self.convs(_scaled(obs)))
+
+
+class _ResidualBlock(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
+
+
+class ImpalaResNet(nn.Module):
+    """IMPALA's deep torso (Espeholt et al. 2018): three stacks of conv, max-pool and two
+    residual blocks, with 16, 32 and 32 channels, then a 256-unit layer."""
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        channels: tuple[int, ...] = (16, 32, 32),
+        out_size: int = 256,
+    ) -> None:
+        super().__init__()
+        stacks: list[nn.Module] = []
+        depth = obs_shape[0]
+        for width in channels:
+            stacks += [
+                nn.Conv2d(depth, width, 3, padding=1),
+                nn.MaxPool2d(3, stride=2, padding=1),
+                _ResidualBlock(width),
+                _ResidualBlock(width),
+            ]
+            depth = width
+        self.stacks = nn.Sequential(*stacks, nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            flat = self.stacks(torch.zeros(1, *obs_shape)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(flat, out_size), nn.ReLU())
+        self.out_size = out_size
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """[N, C, H, W] frames -> [N, out_size]."""
+        return self.fc(self.stacks(_scaled(obs)))
+
+
+TORSOS = {"mlp": MLPTorso, "nature": NatureCNN, "impala": ImpalaResNet}
 
 
 class LSTMCore(nn.Module):
@@ -72,9 +146,13 @@ class ActorCriticNet(nn.Module):
         num_actions: int,
         lstm_size: int | None,
         value_torso: nn.Module | None = None,
+        torso_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         self.torso = torso
+        # bfloat16 torsos run under autocast (mixed precision): the parameters, the core, the
+        # heads and every loss stay float32; only the torso's convolutions and matmuls drop.
+        self.torso_dtype = torso_dtype
         # A separate value torso keeps large value-regression gradients out of the policy's
         # features; only feed-forward networks use one (a recurrent core is shared).
         self.value_torso = value_torso if lstm_size is None else None
@@ -101,15 +179,32 @@ class ActorCriticNet(nn.Module):
         """Inputs [T, B, ...] -> policy logits [T, B, A], values [T, B], next state."""
         steps, batch = obs.shape[:2]
         flat = obs.reshape(steps * batch, *obs.shape[2:])
-        x = self.torso(flat).view(steps, batch, -1)
+        x = self._features(self.torso, flat).view(steps, batch, -1)
         if self.core is not None:
             # The previous action and reward belong to the last episode where a new one starts.
             keep = (~done).unsqueeze(-1).to(x.dtype)
             one_hot = F.one_hot(prev_action, self.num_actions).to(x.dtype) * keep
             clipped = reward.clamp(-1.0, 1.0).unsqueeze(-1).to(x.dtype) * keep
             x, state = self.core(torch.cat([x, one_hot, clipped], dim=-1), done, state)
-        v = x if self.value_torso is None else self.value_torso(flat).view(steps, batch, -1)
-        return self.policy(x), self.value(v).squeeze(-1), state
+        v = x if self.value_torso is None else self._features(self.value_torso, flat)
+        return self.policy(x), self.value(v.view(steps, batch, -1)).squeeze(-1), state
+
+    def _features(self, torso: nn.Module, obs: torch.Tensor) -> torch.Tensor:
+        low = self.torso_dtype != torch.float32
+        with torch.autocast(obs.device.type, dtype=self.torso_dtype, enabled=low):
+            return torso(obs).float()
+
+
+def make_torso(name: str, obs_shape: tuple[int, ...], hidden_sizes: tuple[int, ...]) -> nn.Module:
+    """Torso ``name`` ('mlp', 'nature' or 'impala') for observations of ``obs_shape``."""
+    if name == "mlp":
+        return MLPTorso(obs_shape, hidden_sizes)
+    if len(obs_shape) != 3:
+        raise ConfigError(
+            f"--torso {name} needs image observations [channels, height, width], got shape "
+            f"{obs_shape}; use --torso mlp"
+        )
+    return TORSOS[name](obs_shape)
 
 
 def make_actor_critic(
@@ -117,8 +212,10 @@ def make_actor_critic(
     hidden_sizes: tuple[int, ...],
     lstm_size: int | None,
     shared_torso: bool = True,
+    torso: str = "mlp",
+    torso_dtype: torch.dtype = torch.float32,
 ) -> ActorCriticNet:
-    """The actor-critic network for ``env_spec``: an MLP torso for vector observations."""
-    torso = MLPTorso(env_spec.obs_shape, hidden_sizes)
-    value_torso = None if shared_torso else MLPTorso(env_spec.obs_shape, hidden_sizes)
-    return ActorCriticNet(torso, env_spec.num_actions, lstm_size, value_torso)
+    """The actor-critic network for ``env_spec`` with torso ``torso``."""
+    body = make_torso(torso, env_spec.obs_shape, hidden_sizes)
+    value_torso = None if shared_torso else make_torso(torso, env_spec.obs_shape, hidden_sizes)
+    return ActorCriticNet(body, env_spec.num_actions, lstm_size, value_torso, torso_dtype)

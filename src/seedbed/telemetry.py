@@ -41,6 +41,28 @@ CURVE_FILE = "curve.png"
 _NOTE_STYLE = {"ha": "center", "va": "center", "color": "gray", "backgroundcolor": "white"}
 
 
+class Stopwatch:
+    """Where one thread's time goes: ``lap(name)`` books the time since the previous lap.
+
+    One clock read per lap, so it stays on in every run; another thread may read ``seconds``.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
+
+    def shares(self) -> dict[str, float]:
+        """Each activity's fraction of the time booked so far."""
+        seconds = dict(self.seconds)  # one atomic copy: the owning thread keeps lapping
+        total = sum(seconds.values())
+        return {k: round(v / total, 3) for k, v in seconds.items()} if total else {}
+
+
 class EpisodeWindow:
     """Returns and lengths of the most recent ``size`` finished episodes (default 100)."""
 

@@ -16,12 +16,14 @@ from seedbed.transport.inprocess import InProcessServer
 SPEC = EnvSpec("test", (3,), "float32", 2)
 
 
-def make_server(lstm: bool = True, unroll: int = 2):
+def make_server(lstm: bool = True, unroll: int = 2, frames_per_step: int = 1):
     config = resolve([{"lstm": lstm, "lstm_size": 8, "hidden_sizes": "8"}])
     agent = make_agent("vtrace", SPEC, config.agent, "cpu")
     transport = InProcessServer(num_actors=1, envs_per_actor=2)
     queue = UnrollQueue(100)
-    server = InferenceServer(agent, transport, queue, 2, unroll, 2, 0.0, "cpu")
+    server = InferenceServer(
+        agent, transport, queue, 2, unroll, 2, 0.0, "cpu", frames_per_step=frames_per_step
+    )
     return server, transport, queue
 
 
@@ -75,6 +77,14 @@ def test_episode_returns_are_raw_and_counted_once():
     assert stats.episode_returns == [2.5 * 3 + 10.0]
     assert stats.episode_lengths == [4]
     assert stats.frames == 8  # the first step of a new run is not an env frame
+
+
+def test_frames_count_emulator_frames_per_agent_step():
+    server, transport, _ = make_server(lstm=False, unroll=50, frames_per_step=4)
+    transport.connect(0)
+    for t in range(5):
+        server.step(request(transport, t, run=1, done=(t == 0, t == 0)))
+    assert server.take_stats().frames == 4 * 2 * 4  # 4 counted steps of 2 envs, 4 frames each
 
 
 def test_acting_uses_published_parameters():

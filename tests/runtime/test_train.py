@@ -128,3 +128,30 @@ def test_seed_fixes_the_initial_network(tmp_path):
 
     assert torch.equal(first_weights(3, "a"), first_weights(3, "b"))
     assert not torch.equal(first_weights(3, "c"), first_weights(4, "d"))
+
+
+def test_short_atari_run_counts_emulator_frames(tmp_path, no_leaks):
+    settings = tiny_settings(
+        tmp_path / "run",
+        env="atari:Pong",
+        env_backend="envpool",
+        envs_per_actor=2,
+        batch=2,
+        inference_batch=4,
+        total_frames=4000,
+        threads=1,
+    )
+    config = resolve([settings])
+    assert config.agent.torso == "nature" and config.agent.reward_clip == 1.0  # Atari defaults
+    summary = train(config)
+    run = tmp_path / "run"
+    for name in ("config.yaml", "metrics.csv", "summary.json", "curve.png"):
+        assert (run / name).is_file(), name
+    assert summary["frames"] >= 4000 and summary["frames"] % 4 == 0
+    assert summary["frames_counted_as"] == "emulator frames (agent steps x frame skip 4)"
+    assert summary["env_protocol"].startswith("Machado et al. (2018) sticky actions")
+    steps_learned = summary["learner_steps"] * 2 * 8  # batch x unroll agent steps each
+    assert summary["frames"] >= steps_learned * 4
+    shares = summary["time_shares"]
+    assert set(shares) == {"actors", "inference", "learner"}
+    assert abs(sum(shares["actors"].values()) - 1) < 0.01 and "learning" in shares["learner"]

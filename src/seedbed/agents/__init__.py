@@ -26,6 +26,13 @@ def config_class(name: str) -> type:
     return importlib.import_module(f"seedbed.agents.{name}.config").CONFIG_CLASS
 
 
+def family_defaults(name: str, family: str) -> dict[str, Any]:
+    """Agent ``name``'s settings that differ from its defaults for an environment family."""
+    check_agent(name)
+    module = importlib.import_module(f"seedbed.agents.{name}.config")
+    return getattr(module, "FAMILY_DEFAULTS", {}).get(family, {})
+
+
 def make_agent(name: str, env_spec: Any, config: Any, device: Any) -> Any:
     """Build agent ``name`` (its networks and optimizer) for ``env_spec`` on ``device``."""
     check_agent(name)

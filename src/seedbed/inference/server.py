@@ -17,6 +17,7 @@ import torch
 from seedbed.agents.base import Agent, StepInput, copy_parameters
 from seedbed.inference.unrolls import UnrollBuilder
 from seedbed.replay import UnrollQueue
+from seedbed.telemetry import Stopwatch
 from seedbed.transport.base import Request, ServerTransport
 
 
@@ -24,7 +25,9 @@ from seedbed.transport.base import Request, ServerTransport
 class InferenceStats:
     """Counters the server adds to; the training loop reads and resets the window fields."""
 
-    frames: int = 0  # env steps answered since the run began (restarted envs' first steps excluded)
+    # Frames answered since the run began: env steps x frames per step (emulator frames for
+    # Atari); restarted envs' first steps are excluded.
+    frames: int = 0
     batches: int = 0  # inference calls in this window
     batch_envs: int = 0  # envs served in this window (batch_envs / batches = mean batch size)
     episode_returns: list[float] = dataclasses.field(default_factory=list)
@@ -45,8 +48,10 @@ class InferenceServer:
         max_batch: int,
         timeout_s: float,
         device: torch.device,
+        frames_per_step: int = 1,
     ) -> None:
         self.agent = agent
+        self.frames_per_step = frames_per_step
         self.transport = transport
         self.queue = queue
         self.max_batch = min(max_batch, num_envs)
@@ -56,6 +61,8 @@ class InferenceServer:
         self.net = agent.acting_network()
         self.version = 0
         self.stats = InferenceStats()
+        # Where this thread's time goes; "bookkeeping" is inputs, unrolls and replies.
+        self.stopwatch = Stopwatch()
         self._state = agent.initial_state(num_envs)
         self._prev_action = torch.zeros(num_envs, dtype=torch.int64)
         self._run_id = torch.full((num_envs,), -1, dtype=torch.int64)
@@ -80,6 +87,7 @@ class InferenceServer:
         """Answer requests until ``stop`` is set."""
         while not stop.is_set():
             request = self.transport.recv(self.max_batch, self.timeout_s)
+            self.stopwatch.lap("waiting_for_requests")
             if request is not None:
                 self.step(request, stop)
 
@@ -104,10 +112,13 @@ class InferenceServer:
             done=done.to(self.device),
             env_ids=ids.to(self.device),
         )
+        self.stopwatch.lap("bookkeeping")
         with self._params_lock:
+            self.stopwatch.lap("waiting_for_parameters")
             out = self.agent.act(self.net, step, state)
             version = self.version
         action = out.action.cpu()
+        self.stopwatch.lap("acting")
         record = {
             "obs": obs,  # copied into the unroll buffers before the actor may overwrite it
             "prev_action": self._prev_action[ids],
@@ -122,10 +133,12 @@ class InferenceServer:
         for table, rows in zip(self._state, out.state, strict=True):
             table[ids] = rows
         self._prev_action[ids] = action
+        self.stopwatch.lap("bookkeeping")
         if unrolls is not None:
             while not self.queue.put(unrolls, timeout=0.1):
                 if stop is None or stop.is_set():
                     return
+            self.stopwatch.lap("waiting_for_queue_space")
 
     def _reset(self, env_ids: torch.Tensor, run_ids: torch.Tensor) -> None:
         """An actor (re)started: its envs begin anew, with no state and no partial unroll."""
@@ -148,7 +161,7 @@ class InferenceServer:
         self._ep_length[ids] += 1
         ended = ids[done]
         with self._stats_lock:
-            self.stats.frames += len(ids)
+            self.stats.frames += len(ids) * self.frames_per_step
             self.stats.batches += 1
             self.stats.batch_envs += len(request.env_ids)
             if len(ended):

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from rich.console import Console
@@ -27,7 +28,13 @@ from seedbed.inference.server import InferenceServer
 from seedbed.replay import UnrollQueue
 from seedbed.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from seedbed.runtime.supervisor import ActorSupervisor
-from seedbed.telemetry import EpisodeWindow, RunLogger, plot_curve, write_json_atomic
+from seedbed.telemetry import (
+    EpisodeWindow,
+    RunLogger,
+    Stopwatch,
+    plot_curve,
+    write_json_atomic,
+)
 from seedbed.transport.shm import SharedMemoryServer
 
 log = logging.getLogger(__name__)
@@ -52,7 +59,7 @@ class TrainingRun:
         self.device = torch.device(cfg.device)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.spec = make_spec(cfg.env)
+        self.spec = make_spec(cfg.env, cfg.atari_settings())
         torch.manual_seed(cfg.seed)  # before the networks exist: the seed fixes their init too
         self.agent = make_agent(cfg.agent, self.spec, config.agent, self.device)
         self.window = EpisodeWindow(100)
@@ -65,6 +72,8 @@ class TrainingRun:
         self.checkpoints = self.run_dir / "checkpoints"
         self.supervisor: ActorSupervisor | None = None  # set while running
         self.server: InferenceServer | None = None
+        self.actor_times = np.zeros((0, 2))  # per actor slot: stepping envs, waiting
+        self.stopwatch = Stopwatch()  # the learner thread's time
         self.started_at = time.time()
 
     def _prepare_run_dir(self) -> Path | None:
@@ -126,6 +135,7 @@ class TrainingRun:
             cfg.inference_batch,
             cfg.inference_timeout_ms / 1000.0,
             self.device,
+            frames_per_step=self.spec.frame_skip,
         )
         server.stats.frames = self.frames
         server.publish(self.agent.network, self.learner_steps)
@@ -133,7 +143,7 @@ class TrainingRun:
             cfg.actors,
             transport.connect,
             run_actor,
-            (cfg.env, cfg.envs_per_actor),
+            (cfg.env, cfg.envs_per_actor, cfg.atari_settings()),
             cfg.seed,
             ctx,
             cfg.max_actor_restarts,
@@ -164,6 +174,7 @@ class TrainingRun:
             queue.close()
             serving.join(timeout=10)
             supervisor.stop()
+            self.actor_times = transport.actor_times()
             transport.close()
             logger.close()
         summary = self._finish(reason, time.perf_counter() - start)
@@ -176,12 +187,16 @@ class TrainingRun:
         acc = _Window(self.wall_offset)
         next_log = next_ckpt = time.perf_counter()
         next_ckpt += cfg.checkpoint_every_s
+        watch = self.stopwatch
         while True:
             batch = queue.get(cfg.batch, timeout=0.05)
+            watch.lap("waiting_for_batch")
             if batch is not None:
                 metrics = self.agent.learn(batch.to(self.device))
+                watch.lap("learning")
                 self.learner_steps += 1
                 server.publish(self.agent.network, self.learner_steps)
+                watch.lap("publishing")
                 acc.add(metrics, (self.learner_steps - 1 - batch.policy_version).float().mean())
             if supervisor.error is not None:
                 raise supervisor.error
@@ -194,6 +209,7 @@ class TrainingRun:
             if now >= next_ckpt:
                 next_ckpt = now + cfg.checkpoint_every_s
                 self._save(now - start)
+            watch.lap("logging_and_checkpoints")
 
     def _log(self, server, supervisor, logger, acc: _Window, elapsed: float) -> str | None:
         cfg = self.config.train
@@ -248,7 +264,12 @@ class TrainingRun:
             "agent": cfg.agent,
             "stop_reason": reason,
             "frames": self.frames,
-            "frames_counted_as": "environment steps (agent steps)",
+            "frames_counted_as": (
+                f"emulator frames (agent steps x frame skip {self.spec.frame_skip})"
+                if self.spec.frame_skip > 1
+                else "environment steps (agent steps)"
+            ),
+            "env_protocol": self.spec.protocol,
             "wall_s": round(wall_s, 3),
             "session_started_at": self.started_at,  # unix time this session's wall clock began
             "mean_fps": round(self.frames / wall_s, 1) if wall_s > 0 else None,
@@ -260,6 +281,7 @@ class TrainingRun:
             "target_reached_frames": (self.target_reached or {}).get("frames"),
             "target_reached_wall_s": (self.target_reached or {}).get("wall_s"),
             "device": str(self.device),
+            "time_shares": self._time_shares(),
             "checkpoint": str(checkpoint),
             "run_dir": str(self.run_dir),
         }
@@ -269,6 +291,18 @@ class TrainingRun:
         except Exception as e:  # a plot must never lose a finished run
             log.warning("could not draw the learning curve: %s", e)
         return summary
+
+    def _time_shares(self) -> dict[str, dict[str, float]]:
+        """Where each part's time went this session, as fractions of that part's time."""
+        work, wait = self.actor_times.sum(axis=0) if len(self.actor_times) else (0.0, 0.0)
+        total = work + wait
+        actors = (
+            {"stepping_envs": round(work / total, 3), "waiting_for_actions": round(wait / total, 3)}
+            if total
+            else {}
+        )
+        inference = self.server.stopwatch.shares() if self.server else {}
+        return {"actors": actors, "inference": inference, "learner": self.stopwatch.shares()}
 
 
 class _Window:

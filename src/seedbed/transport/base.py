@@ -19,6 +19,7 @@ with their declared dtype and shape; nothing is unpickled.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Protocol
 
 import numpy as np
@@ -56,7 +57,35 @@ class ServerTransport(Protocol):
         """Answer ``request``: ``actions[i]`` goes to environment ``request.env_ids[i]``."""
         ...
 
+    def actor_times(self) -> np.ndarray:
+        """[num_actors, 2]: seconds each actor slot has spent on its own work between calls
+        (stepping its envs) and waiting inside calls (transport, batching and inference)."""
+        ...
+
     def close(self) -> None: ...
+
+
+class CallClock:
+    """Splits an actor's time into its own work and waiting for answers, into ``row`` (2,).
+
+    Clients call ``enter`` and ``leave`` around each call; the learner reads the rows to show
+    where time goes (``bench/throughput.py --profile``). The actor adds to its row, so a
+    restarted actor's slot keeps counting.
+    """
+
+    def __init__(self, row: np.ndarray) -> None:
+        self._row = row
+        self._left: float | None = None
+        self._entered = 0.0
+
+    def enter(self) -> None:
+        self._entered = time.perf_counter()
+        if self._left is not None:
+            self._row[0] += self._entered - self._left
+
+    def leave(self) -> None:
+        self._left = time.perf_counter()
+        self._row[1] += self._left - self._entered
 
 
 class ActorTransport(Protocol):

@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 
-from seedbed.transport.base import Request
+from seedbed.transport.base import CallClock, Request
 
 
 class InProcessServer:
@@ -22,6 +22,7 @@ class InProcessServer:
         self._requests: queue.Queue = queue.Queue()
         self._replies = [queue.Queue() for _ in range(num_actors)]
         self._generation = [0] * num_actors
+        self._times = np.zeros((num_actors, 2))
         self._lock = threading.Lock()
 
     def connect(self, actor: int) -> InProcessClient:
@@ -60,6 +61,9 @@ class InProcessServer:
             if generation == self._generation[actor]:
                 self._replies[actor].put(actions[i * self._envs : (i + 1) * self._envs].copy())
 
+    def actor_times(self) -> np.ndarray:
+        return self._times.copy()
+
     def close(self) -> None:
         for replies in self._replies:
             replies.put(None)
@@ -71,6 +75,7 @@ class InProcessClient:
     def __init__(self, server: InProcessServer, actor: int, generation: int) -> None:
         self._server, self._actor, self._generation = server, actor, generation
         self._replies = server._replies[actor]
+        self._clock = CallClock(server._times[actor])
 
     def open(self) -> InProcessClient:
         return self
@@ -78,6 +83,7 @@ class InProcessClient:
     def call(
         self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
     ) -> np.ndarray:
+        self._clock.enter()
         self._server._requests.put(
             (
                 self._actor,
@@ -91,6 +97,7 @@ class InProcessClient:
         actions = self._replies.get()
         if actions is None:
             raise ConnectionError("the learner went away")
+        self._clock.leave()
         return actions
 
     def close(self) -> None:

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from seedbed.transport.base import Request
+from seedbed.transport.base import CallClock, Request
 
 _RECORD = np.dtype([("actor", "<i4"), ("generation", "<i4")])
-_FIELDS = ("obs", "reward", "done", "truncated", "action")
+_FIELDS = ("obs", "reward", "done", "truncated", "action", "actor_times")
 _IDLE_POLL_MS = 100  # how long recv waits for a first request before returning None
 
 
@@ -48,6 +48,7 @@ class Layout:
             "done": ((n,), np.dtype(np.bool_)),
             "truncated": ((n,), np.dtype(np.bool_)),
             "action": ((n,), np.dtype(np.int64)),
+            "actor_times": ((self.num_actors, 2), np.dtype(np.float64)),
         }[field]
 
 
@@ -185,6 +186,9 @@ class SharedMemoryServer:
                 with contextlib.suppress(OSError):
                     os.write(conn.fileno(), b"\x01")
 
+    def actor_times(self) -> np.ndarray:
+        return self._arrays["actor_times"].copy()
+
     def close(self) -> None:
         """Close pipes and free the shared memory (actors see the learner gone)."""
         if self._closed:
@@ -214,6 +218,7 @@ class SharedMemoryClient:
         self._obs, self._reward = arrays["obs"][rows], arrays["reward"][rows]
         self._done, self._action = arrays["done"][rows], arrays["action"][rows]
         self._truncated = arrays["truncated"][rows]
+        self._clock = CallClock(arrays["actor_times"][endpoint.actor])
         self._record = np.array([(endpoint.actor, endpoint.generation)], _RECORD).tobytes()
         self._req_fd = endpoint.requests.fileno()
         self._reply_fd = endpoint.replies.fileno()
@@ -225,6 +230,7 @@ class SharedMemoryClient:
         self._reward[...] = reward
         self._done[...] = done
         self._truncated[...] = truncated
+        self._clock.enter()
         try:
             os.write(self._req_fd, self._record)
             answered = os.read(self._reply_fd, 1)
@@ -232,10 +238,12 @@ class SharedMemoryClient:
             raise ConnectionError(f"the learner's transport closed: {e}") from None
         if not answered:
             raise ConnectionError("the learner went away")
+        self._clock.leave()
         return self._action.copy()
 
     def close(self) -> None:
         self._obs = self._reward = self._done = self._truncated = self._action = None
+        self._clock = None
         for block in self._blocks.values():
             block.close()
         self._endpoint.requests.close()

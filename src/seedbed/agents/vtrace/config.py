@@ -34,9 +34,17 @@ class VTraceConfig:
     )
     reward_clip: float | None = setting(None, "clip learner rewards to [-x, x] (none: off)")
     max_grad_norm: float | None = setting(0.5, "clip the global gradient norm (none: off)")
+    torso: Literal["mlp", "nature", "impala"] = setting(
+        "mlp", "network torso: MLP, Nature DQN CNN, or IMPALA's deep ResNet (images)"
+    )
+    torso_dtype: Literal["float32", "bfloat16"] = setting(
+        "float32",
+        "torso compute dtype; bfloat16 is mixed precision (fast on CPUs with "
+        "AVX512-BF16 or AMX, and on GPUs)",
+    )
     hidden_sizes: tuple[int, ...] = setting((64, 64), "MLP torso layer widths")
     shared_torso: bool = setting(
-        False, "policy and value share the MLP torso (a separate one is steadier)"
+        False, "policy and value share the torso (a separate one is steadier, and costs twice)"
     )
     lstm: bool = setting(False, "add an LSTM core fed with the previous action and reward")
     lstm_size: int = setting(64, "LSTM hidden units")
@@ -57,3 +65,16 @@ class VTraceConfig:
 
 
 CONFIG_CLASS = VTraceConfig
+
+# Settings that differ for an environment family (see seedbed.config.FAMILY_DEFAULTS).
+FAMILY_DEFAULTS = {
+    "atari": {
+        "torso": "nature",
+        "shared_torso": True,  # a second CNN would double the learner's cost
+        "discount": 0.99,
+        "reward_clip": 1.0,
+        "lr": 6e-4,
+        "max_grad_norm": 40.0,
+        "lstm_size": 256,
+    },
+}

@@ -18,7 +18,14 @@ from seedbed.nets import ActorCriticNet, make_actor_critic
 def make_networks(env_spec: EnvSpec, config: VTraceConfig) -> ActorCriticNet:
     """The actor-critic network V-trace learns."""
     lstm_size = config.lstm_size if config.lstm else None
-    return make_actor_critic(env_spec, config.hidden_sizes, lstm_size, config.shared_torso)
+    return make_actor_critic(
+        env_spec,
+        config.hidden_sizes,
+        lstm_size,
+        config.shared_torso,
+        config.torso,
+        getattr(torch, config.torso_dtype),
+    )
 
 
 def transition_targets(

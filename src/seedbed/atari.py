@@ -1,0 +1,203 @@
+"""Atari 2600 games through the Arcade Learning Environment, with the standard preprocessing.
+
+``atari:GAME`` ids (``atari:Pong``, ``atari:Breakout``…) name any game whose ROM ships with
+ale-py. Two backends give the same observations: Gymnasium's ``AtariPreprocessing`` and
+``FrameStackObservation`` wrappers around ALE (always available), and EnvPool's C++ Atari (the
+``atari`` extra), which steps its environments without the Python interpreter.
+
+Both follow the settings of :class:`AtariSettings`; the defaults are the sticky-action protocol
+of Machado et al. (2018): repeat the previous action with probability 0.25 on every emulator
+frame, no no-op starts (sticky actions already make starts random), life loss is not terminal,
+episodes end by game over or after 108,000 emulator frames (30 minutes of play).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from seedbed.errors import ConfigError
+
+PREFIX = "atari:"
+
+
+@dataclasses.dataclass(frozen=True)
+class AtariSettings:
+    """The preprocessing of an Atari environment, from a run's settings (``--frame-skip``…).
+
+    The defaults and help text live with the other run settings in ``TrainConfig``.
+    """
+
+    backend: str
+    frame_skip: int
+    sticky_actions: float
+    full_action_space: bool
+    noop_max: int
+    frame_stack: int
+    screen_size: int
+    max_episode_frames: int
+    terminal_on_life_loss: bool
+
+    @classmethod
+    def defaults(cls, **changes: Any) -> AtariSettings:
+        """The default settings, with ``changes``."""
+        from seedbed.config import TrainConfig
+
+        return dataclasses.replace(TrainConfig().atari_settings(), **changes)
+
+    def protocol(self) -> str:
+        """One line naming the evaluation protocol, for the run's summary."""
+        starts = f"up to {self.noop_max} no-op starts" if self.noop_max else "no no-op starts"
+        actions = "full 18-action set" if self.full_action_space else "minimal action set"
+        life = "life loss terminal" if self.terminal_on_life_loss else "life loss not terminal"
+        name = (
+            "Machado et al. (2018) sticky actions"
+            if self.sticky_actions == 0.25 and not self.noop_max and not self.terminal_on_life_loss
+            else "custom"
+        )
+        return (
+            f"{name}: repeat probability {self.sticky_actions}, {starts}, {actions}, {life}, "
+            f"frame skip {self.frame_skip} (max of last 2 frames), {self.screen_size}x"
+            f"{self.screen_size} grayscale, {self.frame_stack} stacked, episodes capped at "
+            f"{self.max_episode_frames} frames, raw scores (rewards clipped by the learner only)"
+        )
+
+
+def is_atari(env_id: str) -> bool:
+    return env_id.startswith(PREFIX)
+
+
+@functools.cache
+def games() -> tuple[str, ...]:
+    """Names of the games whose ROMs ship with ale-py, as ALE's Gymnasium ids spell them."""
+    import ale_py
+
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner from every env
+    gym.register_envs(ale_py)
+    names = (e[4:-3] for e in gym.registry if e.startswith("ALE/") and e.endswith("-v5"))
+    return tuple(sorted(n for n in names if not n.endswith("-ram")))
+
+
+def game_name(env_id: str) -> str:
+    """The game of an ``atari:GAME`` id, spelled as ALE does, or a one-line error."""
+    asked = env_id[len(PREFIX) :]
+    by_lower = {g.lower(): g for g in games()}
+    if asked.lower() in by_lower:
+        return by_lower[asked.lower()]
+    close = difflib.get_close_matches(asked.lower(), list(by_lower), n=3, cutoff=0.6)
+    hint = (
+        f"; did you mean {', '.join(PREFIX + by_lower[c] for c in close)}?"
+        if close
+        else "; games are named as in ALE, e.g. atari:Pong, atari:Breakout"
+    )
+    raise ConfigError(f"unknown Atari game '{asked}'{hint}")
+
+
+def make_env(env_id: str, settings: AtariSettings, render_mode: str | None = None) -> gym.Env:
+    """One preprocessed game on the Gymnasium backend (evaluation and video use this)."""
+    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+    env = gym.make(
+        f"ALE/{game_name(env_id)}-v5",
+        frameskip=1,  # AtariPreprocessing skips frames itself, to max-pool the last two
+        repeat_action_probability=settings.sticky_actions,
+        full_action_space=settings.full_action_space,
+        max_num_frames_per_episode=settings.max_episode_frames,
+        render_mode=render_mode,
+    )
+    env = AtariPreprocessing(
+        env,
+        noop_max=settings.noop_max,
+        frame_skip=settings.frame_skip,
+        screen_size=settings.screen_size,
+        terminal_on_life_loss=settings.terminal_on_life_loss,
+        grayscale_obs=True,
+        scale_obs=False,  # uint8 frames; the network scales them once, on its device
+    )
+    return FrameStackObservation(env, settings.frame_stack)
+
+
+def envpool_id(env_id: str) -> str:
+    """EnvPool's id for ``env_id``, or a one-line error saying what to do instead."""
+    try:
+        import envpool
+    except ImportError:
+        raise ConfigError(
+            "--env-backend envpool needs EnvPool: pip install 'seedbed[envpool]'"
+        ) from None
+    name = f"{game_name(env_id)}-v5"
+    if name not in envpool.list_all_envs():
+        raise ConfigError(f"EnvPool has no {name}; use --env-backend gymnasium for it")
+    return name
+
+
+def make_envpool(env_id: str, settings: AtariSettings, num_envs: int, seed: int) -> Any:
+    """``num_envs`` games in one EnvPool, stepped by one thread (actors are the parallelism)."""
+    import envpool
+
+    return envpool.make(
+        envpool_id(env_id),
+        env_type="gymnasium",
+        num_envs=num_envs,
+        batch_size=num_envs,
+        num_threads=1,
+        seed=seed,
+        frame_skip=settings.frame_skip,
+        repeat_action_probability=settings.sticky_actions,
+        full_action_space=settings.full_action_space,
+        # EnvPool always starts with 1 to noop_max no-ops and crashes on 0, so "none" becomes
+        # one no-op step: the only difference between the backends' episodes.
+        noop_max=max(settings.noop_max, 1),
+        stack_num=settings.frame_stack,
+        img_height=settings.screen_size,
+        img_width=settings.screen_size,
+        gray_scale=True,
+        episodic_life=settings.terminal_on_life_loss,
+        reward_clip=False,
+        use_fire_reset=False,  # Gymnasium's wrappers do not press FIRE at reset either
+        max_episode_steps=settings.max_episode_frames // settings.frame_skip,
+    )
+
+
+class EnvPoolVector:
+    """EnvPool behind the vector-env interface actors use, with same-step autoreset.
+
+    EnvPool resets an ended episode on the *next* step, spending that step's action on it. Here
+    ended envs are reset at once instead, so the step that ends an episode returns the next
+    episode's first observation, as Gymnasium's SAME_STEP autoreset does, and no agent step is
+    wasted on a reset.
+    """
+
+    def __init__(self, env_id: str, settings: AtariSettings, num_envs: int, seed: int) -> None:
+        self._pool = make_envpool(env_id, settings, num_envs, seed)
+        self.num_envs = num_envs
+        self._ids = np.arange(num_envs)
+        self.single_observation_space = self._pool.observation_space
+        self.single_action_space = self._pool.action_space
+
+    def reset(self, *, seed: int | None = None) -> tuple[np.ndarray, dict]:
+        obs, _ = self._pool.reset()
+        return obs, {}
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
+        obs, reward, terminated, truncated, info = self._pool.step(
+            np.asarray(actions, dtype=np.int32)
+        )
+        order = info["env_id"]
+        if not np.array_equal(order, self._ids):  # rows must be in env order for the learner
+            perm = np.argsort(order)
+            obs, reward = obs[perm], reward[perm]
+            terminated, truncated = terminated[perm], truncated[perm]
+        ended = np.flatnonzero(terminated | truncated)
+        if len(ended):
+            first, info = self._pool.reset(ended.astype(np.int32))
+            obs[info["env_id"]] = first
+        return obs, reward.astype(np.float32), terminated, truncated, {}
+
+    def close(self) -> None:
+        self._pool.close()

@@ -1,0 +1,67 @@
+"""Network shapes for every torso, with and without the LSTM core, and mixed precision."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seedbed.envs import EnvSpec
+from seedbed.errors import ConfigError
+from seedbed.nets import make_actor_critic
+
+ATARI = EnvSpec("atari:Pong", (4, 84, 84), "uint8", 6, frame_skip=4)
+VECTOR = EnvSpec("CartPole-v1", (4,), "float32", 2)
+
+
+def inputs(spec: EnvSpec, steps: int, batch: int):
+    if spec.obs_dtype == "uint8":
+        obs = torch.randint(0, 256, (steps, batch, *spec.obs_shape), dtype=torch.uint8)
+    else:
+        obs = torch.randn(steps, batch, *spec.obs_shape)
+    done = torch.zeros(steps, batch, dtype=torch.bool)
+    done[0] = True
+    return obs, torch.zeros(steps, batch, dtype=torch.int64), torch.zeros(steps, batch), done
+
+
+@pytest.mark.parametrize("torso", ["nature", "impala"])
+@pytest.mark.parametrize("lstm_size", [None, 32])
+def test_image_torsos_give_logits_values_and_state(torso, lstm_size):
+    net = make_actor_critic(ATARI, (), lstm_size, shared_torso=True, torso=torso)
+    state = net.initial_state(3)
+    logits, values, new_state = net(*inputs(ATARI, 5, 3), state)
+    assert logits.shape == (5, 3, 6) and values.shape == (5, 3)
+    assert logits.dtype == values.dtype == torch.float32
+    if lstm_size:
+        assert [s.shape for s in new_state] == [(3, lstm_size), (3, lstm_size)]
+    else:
+        assert new_state == ()
+
+
+def test_torsos_differ_as_published():
+    nature = make_actor_critic(ATARI, (), None, torso="nature")
+    impala = make_actor_critic(ATARI, (), None, torso="impala")
+    assert nature.torso.out_size == 512 and impala.torso.out_size == 256
+    convs = [m for m in impala.torso.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [16] * 5 + [32] * 5 + [32] * 5
+
+
+def test_mlp_on_vectors_and_image_torso_refused_for_vectors():
+    net = make_actor_critic(VECTOR, (16,), None, torso="mlp")
+    logits, values, _ = net(*inputs(VECTOR, 2, 4), ())
+    assert logits.shape == (2, 4, 2) and values.shape == (2, 4)
+    with pytest.raises(ConfigError, match="--torso nature needs image observations"):
+        make_actor_critic(VECTOR, (16,), None, torso="nature")
+
+
+def test_bfloat16_torso_keeps_heads_and_gradients_float32():
+    torch.manual_seed(0)
+    exact = make_actor_critic(ATARI, (), None, torso="nature")
+    mixed = make_actor_critic(ATARI, (), None, torso="nature", torso_dtype=torch.bfloat16)
+    mixed.load_state_dict(exact.state_dict())
+    batch = inputs(ATARI, 2, 8)
+    logits, values, _ = mixed(*batch, ())
+    assert logits.dtype == values.dtype == torch.float32
+    reference, _, _ = exact(*batch, ())
+    assert torch.allclose(logits, reference, atol=0.05)  # bfloat16 keeps ~3 significant digits
+    logits.sum().backward()
+    assert all(p.grad.dtype == torch.float32 for p in mixed.parameters() if p.grad is not None)
