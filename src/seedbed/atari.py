@@ -3,12 +3,13 @@
 ``atari:GAME`` ids (``atari:Pong``, ``atari:Breakout``…) name any game whose ROM ships with
 ale-py. Two backends give the same observations: Gymnasium's ``AtariPreprocessing`` and
 ``FrameStackObservation`` wrappers around ALE (always available), and EnvPool's C++ Atari (the
-``atari`` extra), which steps its environments without the Python interpreter.
+``envpool`` extra), which steps its environments without the Python interpreter.
 
 Both follow the settings of :class:`AtariSettings`; the defaults are the sticky-action protocol
 of Machado et al. (2018): repeat the previous action with probability 0.25 on every emulator
 frame, no no-op starts (sticky actions already make starts random), life loss is not terminal,
-episodes end by game over or after 108,000 emulator frames (30 minutes of play).
+episodes end by game over or after 108,000 emulator frames (30 minutes of play). Actions are
+the game's minimal set, as in ALE's v5 environments and SEED RL (``--full-action-space``: 18).
 """
 
 from __future__ import annotations

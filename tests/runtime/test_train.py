@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import threading
 import time
@@ -10,6 +11,7 @@ import time
 import pytest
 
 from seedbed.config import resolve
+from seedbed.evaluate import evaluate
 from seedbed.runtime.checkpoint import list_checkpoints
 from seedbed.runtime.train import TrainingRun, train
 from tests.conftest import tiny_settings
@@ -134,12 +136,13 @@ def test_short_atari_run_counts_emulator_frames(tmp_path, no_leaks):
     settings = tiny_settings(
         tmp_path / "run",
         env="atari:Pong",
-        env_backend="envpool",
+        env_backend="envpool" if importlib.util.find_spec("envpool") else "gymnasium",
         envs_per_actor=2,
         batch=2,
         inference_batch=4,
         total_frames=4000,
         threads=1,
+        max_episode_frames=2000,  # short episodes, also for the evaluation below
     )
     config = resolve([settings])
     assert config.agent.torso == "nature" and config.agent.reward_clip == 1.0  # Atari defaults
@@ -150,8 +153,12 @@ def test_short_atari_run_counts_emulator_frames(tmp_path, no_leaks):
     assert summary["frames"] >= 4000 and summary["frames"] % 4 == 0
     assert summary["frames_counted_as"] == "emulator frames (agent steps x frame skip 4)"
     assert summary["env_protocol"].startswith("Machado et al. (2018) sticky actions")
+    assert summary["torso_dtype"] in ("bfloat16", "float32")  # auto: by what the CPU has
     steps_learned = summary["learner_steps"] * 2 * 8  # batch x unroll agent steps each
     assert summary["frames"] >= steps_learned * 4
     shares = summary["time_shares"]
     assert set(shares) == {"actors", "inference", "learner"}
     assert abs(sum(shares["actors"].values()) - 1) < 0.01 and "learning" in shares["learner"]
+    result = evaluate(run, episodes=1, video=str(tmp_path / "pong.mp4"))
+    assert result["env"] == "atari:Pong" and -21 <= result["mean_return"] <= 21
+    assert (tmp_path / "pong.mp4").stat().st_size > 1000

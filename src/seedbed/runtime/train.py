@@ -259,6 +259,7 @@ class TrainingRun:
             self.frames = stats.frames
         checkpoint = self._save(elapsed)
         wall_s = self.wall_offset + elapsed
+        dtype = getattr(self.agent.network, "torso_dtype", None)
         summary = {
             "env": cfg.env,
             "agent": cfg.agent,
@@ -281,6 +282,7 @@ class TrainingRun:
             "target_reached_frames": (self.target_reached or {}).get("frames"),
             "target_reached_wall_s": (self.target_reached or {}).get("wall_s"),
             "device": str(self.device),
+            "torso_dtype": None if dtype is None else str(dtype).removeprefix("torch."),
             "time_shares": self._time_shares(),
             "checkpoint": str(checkpoint),
             "run_dir": str(self.run_dir),

@@ -37,10 +37,10 @@ class VTraceConfig:
     torso: Literal["mlp", "nature", "impala"] = setting(
         "mlp", "network torso: MLP, Nature DQN CNN, or IMPALA's deep ResNet (images)"
     )
-    torso_dtype: Literal["float32", "bfloat16"] = setting(
+    torso_dtype: Literal["auto", "float32", "bfloat16"] = setting(
         "float32",
-        "torso compute dtype; bfloat16 is mixed precision (fast on CPUs with "
-        "AVX512-BF16 or AMX, and on GPUs)",
+        "torso compute dtype; bfloat16 is mixed precision, fast on GPUs and on CPUs with "
+        "AVX-512 or AMX; auto picks it where the device has them",
     )
     hidden_sizes: tuple[int, ...] = setting((64, 64), "MLP torso layer widths")
     shared_torso: bool = setting(
@@ -70,6 +70,7 @@ CONFIG_CLASS = VTraceConfig
 FAMILY_DEFAULTS = {
     "atari": {
         "torso": "nature",
+        "torso_dtype": "auto",
         "shared_torso": True,  # a second CNN would double the learner's cost
         "discount": 0.99,
         "reward_clip": 1.0,

@@ -12,11 +12,13 @@ from seedbed.agents.base import ActOutput, State, StepInput, Unrolls
 from seedbed.agents.vtrace.config import VTraceConfig
 from seedbed.agents.vtrace_targets import vtrace_from_logits
 from seedbed.envs import EnvSpec
-from seedbed.nets import ActorCriticNet, make_actor_critic
+from seedbed.nets import ActorCriticNet, make_actor_critic, torso_dtype
 
 
-def make_networks(env_spec: EnvSpec, config: VTraceConfig) -> ActorCriticNet:
-    """The actor-critic network V-trace learns."""
+def make_networks(
+    env_spec: EnvSpec, config: VTraceConfig, device: torch.device | str = "cpu"
+) -> ActorCriticNet:
+    """The actor-critic network V-trace learns, to run on ``device``."""
     lstm_size = config.lstm_size if config.lstm else None
     return make_actor_critic(
         env_spec,
@@ -24,7 +26,7 @@ def make_networks(env_spec: EnvSpec, config: VTraceConfig) -> ActorCriticNet:
         lstm_size,
         config.shared_torso,
         config.torso,
-        getattr(torch, config.torso_dtype),
+        torso_dtype(config.torso_dtype, torch.device(device)),
     )
 
 
@@ -91,7 +93,7 @@ class VTraceAgent:
     def __init__(self, env_spec: EnvSpec, config: VTraceConfig, device: torch.device) -> None:
         self.config = config
         self.device = torch.device(device)
-        self.network = make_networks(env_spec, config).to(self.device)
+        self.network = make_networks(env_spec, config, self.device).to(self.device)
         params = self.network.parameters()
         if config.optimizer == "adam":
             # The fused kernel updates all parameters in one op: for small networks the
