@@ -60,6 +60,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"target return {summary['target_return']:g} reached at {reached:,} frames, "
             f"{summary['target_reached_wall_s']:.1f} s"
         )
+    print(f"frames are {summary['frames_counted_as']}")
     print(f"run directory: {summary['run_dir']}")
     if "curve" in summary:
         print(f"learning curve: {summary['curve']}")

@@ -42,6 +42,17 @@ def _scaled(obs: torch.Tensor) -> torch.Tensor:
     return obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
 
 
+def _orthogonal(module: nn.Module) -> nn.Module:
+    """Orthogonal weights (gain sqrt 2, for ReLU) and zero biases on every conv and linear
+    layer: the image torsos' activations then keep their scale through the layers, and a
+    near-constant input such as a game's background does not leave most units dead."""
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d | nn.Linear):
+            nn.init.orthogonal_(m.weight, gain=math.sqrt(2))
+            nn.init.zeros_(m.bias)
+    return module
+
+
 def _images(obs: torch.Tensor) -> torch.Tensor:
     """Frames [N, C, H, W] scaled and channels-last, the layout oneDNN and cuDNN convolve
     fastest (the uint8 frames are reordered, a quarter of the bytes of floats)."""
@@ -67,7 +78,7 @@ class NatureCNN(nn.Module):
             flat = self.convs(torch.zeros(1, channels, height, width)).shape[1]
         self.fc = nn.Sequential(nn.Linear(flat, out_size), nn.ReLU())
         self.out_size = out_size
-        self.to(memory_format=torch.channels_last)  # matches the inputs _images makes
+        _orthogonal(self).to(memory_format=torch.channels_last)  # as _images makes inputs
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """[N, C, H, W] frames -> [N, out_size]."""
@@ -110,7 +121,7 @@ class ImpalaResNet(nn.Module):
             flat = self.stacks(torch.zeros(1, *obs_shape)).shape[1]
         self.fc = nn.Sequential(nn.Linear(flat, out_size), nn.ReLU())
         self.out_size = out_size
-        self.to(memory_format=torch.channels_last)  # matches the inputs _images makes
+        _orthogonal(self).to(memory_format=torch.channels_last)  # as _images makes inputs
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """[N, C, H, W] frames -> [N, out_size]."""
@@ -238,4 +249,13 @@ def make_actor_critic(
     """The actor-critic network for ``env_spec`` with torso ``torso``."""
     body = make_torso(torso, env_spec.obs_shape, hidden_sizes)
     value_torso = None if shared_torso else make_torso(torso, env_spec.obs_shape, hidden_sizes)
-    return ActorCriticNet(body, env_spec.num_actions, lstm_size, value_torso, torso_dtype)
+    net = ActorCriticNet(body, env_spec.num_actions, lstm_size, value_torso, torso_dtype)
+    if torso != "mlp":
+        # With the image torsos' orthogonal init, default heads start from a far-from-uniform
+        # policy whose entropy bonus then drives features dead; start uniform instead, with
+        # a unit-scale value head (as PPO implementations do). MLP defaults were tuned as is.
+        nn.init.orthogonal_(net.policy.weight, gain=0.01)
+        nn.init.orthogonal_(net.value.weight, gain=1.0)
+        nn.init.zeros_(net.policy.bias)
+        nn.init.zeros_(net.value.bias)
+    return net

@@ -352,11 +352,15 @@ def plot_curve(run_dir: str | Path, target_return: float | None = None) -> Path:
         metrics = {}
     empty = np.zeros(0)
     returns = metrics.get("mean_return", empty)
+    try:  # the run's unit of frames (emulator frames on Atari), once summary.json exists
+        unit = json.loads((run_dir / "summary.json").read_text())["frames_counted_as"]
+    except (OSError, ValueError, KeyError):
+        unit = "env frames"
 
     fig = Figure(figsize=(11, 4), layout="constrained")
     panels = fig.subplots(1, 2, sharey=True)
     for ax, xkey, xlabel, title in (
-        (panels[0], "frames", "env frames", "Return vs env frames"),
+        (panels[0], "frames", unit, "Return vs frames"),
         (panels[1], "wall_s", "wall-clock seconds", "Return vs wall-clock time"),
     ):
         x = metrics.get(xkey, np.full(returns.shape, np.nan))

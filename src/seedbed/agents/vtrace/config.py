@@ -74,7 +74,9 @@ FAMILY_DEFAULTS = {
         "shared_torso": True,  # a second CNN would double the learner's cost
         "discount": 0.99,
         "reward_clip": 1.0,
-        "lr": 6e-4,
+        # Adam at 6e-4 (or with eps 1e-8) left most CNN units dead within a few million frames.
+        "lr": 3e-4,
+        "adam_eps": 1e-5,
         "max_grad_norm": 40.0,
         "lstm_size": 256,
     },
