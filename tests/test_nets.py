@@ -65,3 +65,13 @@ def test_bfloat16_torso_keeps_heads_and_gradients_float32():
     assert torch.allclose(logits, reference, atol=0.05)  # bfloat16 keeps ~3 significant digits
     logits.sum().backward()
     assert all(p.grad.dtype == torch.float32 for p in mixed.parameters() if p.grad is not None)
+
+
+def test_image_networks_start_near_uniform_with_features_that_see_the_input():
+    torch.manual_seed(0)
+    net = make_actor_critic(ATARI, (), None, torso="nature")
+    obs, *rest = inputs(ATARI, 1, 16)
+    logits, _, _ = net(obs, *rest, ())
+    assert (logits.softmax(-1) - 1 / 6).abs().max() < 0.02
+    features = net.torso(obs[0])
+    assert (features.std(0) > 0).float().mean() > 0.5  # most units respond to the frames
