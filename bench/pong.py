@@ -3,9 +3,11 @@
 Runs the CLI as a user would (a subprocess; Atari defaults unless flags follow ``--``), then
 prints JSON: the machine, the command, frames and wall time, the final 100-episode mean return,
 and the emulator frames and seconds at which that mean first passed each milestone. The curve
-(``curve.png``) and ``metrics.csv`` are copied to ``--out``.
+(``curve.png``) and ``metrics.csv`` are copied to ``--out``. Given a ``--run-dir`` that already
+holds a run, it resumes that run up to ``--frames`` and reports the whole of it.
 
     python bench/pong.py --frames 10000000 --out docs/figures -- --env-backend envpool
+    python bench/pong.py --frames 30000000 --run-dir runs/pong    # continue a run
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(args.run_dir or Path(tmp) / "run")
+        resume = ["--resume"] if (run / "checkpoints").is_dir() else []
         command = [
-            *("seedbed", "train", "--env", "atari:Pong"),
+            *("seedbed", "train", "--env", "atari:Pong", *resume),
             *("--total-frames", str(args.frames), "--run-dir", str(run)),
             *("--log-every-s", "5", "--no-progress", *args.train_flags),
         ]
