@@ -115,7 +115,9 @@ def test_train_then_eval_with_video(tmp_path):
     assert video.stat().st_size > 1000
 
 
-def test_ctrl_c_stops_cleanly(tmp_path):
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, signum):
+    """Ctrl-C, or a scheduler's SIGTERM: final checkpoint and summary, no orphans, no leaks."""
     import json
     import os
     import signal
@@ -143,7 +145,7 @@ def test_ctrl_c_stops_cleanly(tmp_path):
     time.sleep(1.0)
     children = psutil.Process(proc.pid).children(recursive=True)
     assert len([c for c in children if "resource_tracker" not in " ".join(c.cmdline())]) >= 2
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, signum))
     proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == "interrupted"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.config:
         layers.append(load_yaml(args.config))
     layers.append(flags)
-    summary = train(resolve(layers))
+    config = resolve(layers)
+    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop ends the run as Ctrl-C does
+    summary = train(config)
     reached = summary["target_reached_frames"]
     ret = summary["mean_return_100"]
     print(
@@ -128,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     _eval_parser(subparsers)
     _plot_parser(subparsers)
     return parser
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
