@@ -26,6 +26,7 @@ import time
 import numpy as np
 from machine import machine
 
+from seedbed.atari import is_atari
 from seedbed.cli import build_parser
 from seedbed.config import RunConfig, resolve, to_dict
 
@@ -63,7 +64,7 @@ def raw_env_fps(config: RunConfig, seconds: float, backend: str | None = None) -
     total = sum(out.get() for _ in procs)
     for p in procs:
         p.join()
-    frame_skip = train.frame_skip if train.env.startswith("atari:") else 1
+    frame_skip = train.frame_skip if is_atari(train.env) else 1
     return total * frame_skip / seconds
 
 
@@ -99,7 +100,7 @@ def main() -> None:
     args = p.parse_args()
 
     env_id = "seedbed/Noop-v0" if args.noop else args.env
-    atari = env_id.startswith("atari:")
+    atari = is_atari(env_id)
     frames = args.frames or (2_000_000 if atari else 600_000)
     with tempfile.TemporaryDirectory() as tmp:
         settings = {
