@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint format bench clean
+.PHONY: run test lint format bench proto clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "seedbed needs Python 3.10+"'
@@ -31,5 +31,13 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
 
+# Regenerate the checked-in message code after editing actor.proto (grpcio-tools bundles protoc
+# 7.35; it lives in its own venv so the project's stays as pyproject.toml declares it).
+proto:
+	$(PYTHON) -m venv .venv-proto
+	.venv-proto/bin/python -m pip install --quiet grpcio-tools==1.85.1
+	cd src/seedbed/transport/proto && ../../../../.venv-proto/bin/python -m grpc_tools.protoc \
+		-I. --python_out=. --pyi_out=. actor.proto
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache src/*.egg-info
+	rm -rf $(VENV) .venv-proto runs .pytest_cache .ruff_cache src/*.egg-info

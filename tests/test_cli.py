@@ -68,6 +68,13 @@ def test_help_lists_every_setting_with_its_default():
         (["--torso", "impala"], "--torso impala needs image observations"),
         (["--actors", "0"], "--actors must be positive"),
         (["--batch", "-1"], "--batch must be positive"),
+        (["--listen", "0.0.0.0:5000"], "give --token-file FILE holding a shared secret"),
+        (["--listen", "5000"], "--listen '5000': expected HOST:PORT"),
+        (
+            ["--listen", "127.0.0.1:0", "--tls-cert", "c.pem"],
+            "--tls-cert and --tls-key go together",
+        ),
+        (["--listen", "127.0.0.1:0", "--token-file", "/nonexistent"], "--token-file /nonexistent:"),
         pytest.param(
             ["--device", "cuda"],
             "no CUDA device is available; use --device cpu",

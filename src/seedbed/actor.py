@@ -1,21 +1,40 @@
-"""An actor process: step E environments together and ask the learner for their actions.
+"""Actors: step E environments together and ask the learner for their actions.
 
-In central mode the actor holds no model and knows nothing of the agent: it only turns actions
+In central mode an actor holds no model and knows nothing of the agent: it only turns actions
 into observations. It imports neither torch nor the learner, so it starts in a fraction of a second.
+Local actors are processes the learner spawns (``run_actor``); remote ones are started by hand or
+by a cluster launcher and connect over gRPC (``run_remote_actor``), learning what to run from the
+learner.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import signal
+import time
 from typing import Any
 
 import numpy as np
 
 from seedbed.atari import AtariSettings
 from seedbed.envs import make_vector_env
+from seedbed.errors import SeedbedError
 
 log = logging.getLogger(__name__)
+
+
+def act(client: Any, envs: Any, seed: int) -> None:
+    """Step ``envs`` with the actions ``client.call`` returns until it raises ConnectionError."""
+    num_envs = envs.num_envs
+    obs, _ = envs.reset(seed=seed)
+    reward = np.zeros(num_envs, np.float32)
+    done = np.ones(num_envs, np.bool_)  # every env starts an episode
+    truncated = np.zeros(num_envs, np.bool_)
+    while True:
+        action = client.call(obs, reward, done, truncated)
+        obs, reward, terminated, truncated, _ = envs.step(action)
+        done = terminated | truncated
 
 
 def run_actor(
@@ -26,16 +45,54 @@ def run_actor(
     client = endpoint.open()
     envs = make_vector_env(env_id, num_envs, seed, settings)
     try:
-        obs, _ = envs.reset(seed=seed)
-        reward = np.zeros(num_envs, np.float32)
-        done = np.ones(num_envs, np.bool_)  # every env starts an episode
-        truncated = np.zeros(num_envs, np.bool_)
-        while True:
-            action = client.call(obs, reward, done, truncated)
-            obs, reward, terminated, truncated, _ = envs.step(action)
-            done = terminated | truncated
+        act(client, envs, seed)
     except ConnectionError:
         log.debug("actor %s: learner gone, stopping", getattr(endpoint, "actor", "?"))
     finally:
         client.close()
         envs.close()
+
+
+def run_remote_actor(
+    address: str,
+    token: bytes | None = None,
+    tls_ca: bytes | None = None,
+    reconnect_for_s: float = 60.0,
+) -> str:
+    """Act for the learner at ``address`` until it says training is over; return its reason.
+
+    A lost connection is retried with exponential backoff (0.5 s doubling to 10 s, jittered).
+    Each new stream is a new run id: the learner resets the actor's environments, and the actor
+    starts fresh episodes. Raises SeedbedError when the learner refuses the actor (token,
+    version) or stays unreachable for ``reconnect_for_s`` seconds.
+    """
+    from seedbed.transport.remote import GrpcActorClient, LearnerStopped
+
+    delay, failing_since = 0.5, None
+    while True:
+        try:
+            client = GrpcActorClient(address, token, tls_ca)
+        except ConnectionError as e:
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > reconnect_for_s:
+                raise SeedbedError(
+                    f"no learner at {address} for {reconnect_for_s:.0f} s ({e}); giving up"
+                ) from None
+            log.warning("%s; retrying in %.1f s", e, delay)
+            time.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(2 * delay, 10.0)
+            continue
+        failing_since, delay = None, 0.5
+        job = client.assignment
+        settings = AtariSettings(**job.settings) if job.settings else None
+        log.info("acting in slot %d: %d x %s", job.slot, job.num_envs, job.env_id)
+        envs = make_vector_env(job.env_id, job.num_envs, job.seed, settings)
+        try:
+            act(client, envs, job.seed)
+        except LearnerStopped as e:
+            return str(e)
+        except ConnectionError as e:
+            log.warning("%s; reconnecting", e)
+        finally:
+            client.close()
+            envs.close()

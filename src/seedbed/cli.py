@@ -1,4 +1,4 @@
-"""The ``seedbed`` command: ``train``, ``eval`` and ``plot``.
+"""The ``seedbed`` command: ``train``, ``eval``, ``actor`` and ``plot``.
 
 Only argument parsing lives here; each command resolves its settings and hands them to the
 runtime. Heavy imports (torch) happen inside the commands so that ``--help`` is instant.
@@ -100,6 +100,40 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _actor_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "actor",
+        help="act for a learner on another machine (seedbed train --listen)",
+        description="Connect to a learner started with --listen and step the environments it "
+        "assigns until training is over. The learner sends the env id and its settings.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--connect", required=True, metavar="HOST:PORT", help="the learner's address")
+    p.add_argument("--token-file", default=None, help="file holding the learner's token")
+    p.add_argument("--tls-ca", default=None, metavar="CERT", help="trust this PEM certificate")
+    p.add_argument(
+        "--reconnect-for",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="keep retrying a lost learner this many seconds",
+    )
+    p.set_defaults(command=cmd_actor)
+
+
+def cmd_actor(args: argparse.Namespace) -> int:
+    from seedbed.actor import run_remote_actor
+    from seedbed.transport.remote import check_address, read_secret
+
+    check_address(args.connect, "--connect")
+    token = read_secret(args.token_file, "--token-file")
+    tls_ca = read_secret(args.tls_ca, "--tls-ca")
+    signal.signal(signal.SIGTERM, _interrupt)
+    reason = run_remote_actor(args.connect, token, tls_ca, args.reconnect_for)
+    print(f"learner at {args.connect}: {reason}")
+    return 0
+
+
 def _plot_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("plot", help="draw a run's learning curve as curve.png")
     p.add_argument("run_dir", help="a run directory")
@@ -129,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     _train_parser(subparsers)
     _eval_parser(subparsers)
+    _actor_parser(subparsers)
     _plot_parser(subparsers)
     return parser
 

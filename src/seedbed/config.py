@@ -58,6 +58,16 @@ class TrainConfig:
     log_every_s: float = setting(1.0, "seconds between metrics rows")
     max_actor_restarts: int = setting(20, "give up once actors have been restarted this often")
     progress: bool = setting(True, "show the live progress display")
+    # Remote actors (seedbed actor --connect) over gRPC; see seedbed.transport.remote.
+    listen: str | None = setting(
+        None, "serve remote actors on HOST:PORT (port 0: any free one) or unix:PATH"
+    )
+    remote_actors: int = setting(8, "with --listen: most remote actors at once (slots)")
+    token_file: str | None = setting(
+        None, "file holding the secret remote actors must present (required off loopback)"
+    )
+    tls_cert: str | None = setting(None, "with --listen: PEM certificate to serve TLS with")
+    tls_key: str | None = setting(None, "with --listen: PEM private key of --tls-cert")
     # Atari preprocessing (atari:GAME ids only); defaults: Machado et al. (2018) sticky actions.
     env_backend: Literal["gymnasium", "envpool"] = setting(
         "gymnasium", "Atari backend: Gymnasium's ALE wrappers, or EnvPool (faster, C++)"
@@ -75,8 +85,25 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ConfigError on a value that cannot work."""
+        if self.actors < 0 or (self.actors == 0 and not self.listen):
+            raise ConfigError(
+                f"--actors must be positive, got {self.actors} (0 only with --listen, when "
+                "every actor is remote)"
+            )
+        if self.listen:
+            from seedbed.transport.remote import check_address, is_local_address
+
+            check_address(self.listen, "--listen")
+            if self.token_file is None and not is_local_address(self.listen):
+                raise ConfigError(
+                    f"--listen {self.listen} accepts actors from other machines: give "
+                    "--token-file FILE holding a shared secret (e.g. `openssl rand -hex 32 > FILE`)"
+                )
+            if self.remote_actors <= 0:
+                raise ConfigError(f"--remote-actors must be positive, got {self.remote_actors}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together: give both or neither")
         for name in (
-            "actors",
             "envs_per_actor",
             "unroll",
             "batch",
@@ -107,9 +134,14 @@ class TrainConfig:
             raise ConfigError("--resume needs --run-dir naming the run to continue")
 
     @property
+    def num_slots(self) -> int:
+        """Actor slots: local actors first, then, with --listen, the remote ones."""
+        return self.actors + (self.remote_actors if self.listen else 0)
+
+    @property
     def num_envs(self) -> int:
-        """All environments across all actors."""
-        return self.actors * self.envs_per_actor
+        """All environments across all actor slots."""
+        return self.num_slots * self.envs_per_actor
 
     def atari_settings(self) -> Any:
         """The Atari preprocessing these settings ask for (an ``AtariSettings``)."""

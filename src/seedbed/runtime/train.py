@@ -7,6 +7,8 @@ spawned processes watched by the supervisor.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import multiprocessing
 import threading
@@ -35,6 +37,7 @@ from seedbed.telemetry import (
     plot_curve,
     write_json_atomic,
 )
+from seedbed.transport.remote import ActorGateway, Assignment, read_secret
 from seedbed.transport.shm import SharedMemoryServer
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,7 @@ class TrainingRun:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.spec = make_spec(cfg.env, cfg.atari_settings())
+        self.secrets = self._read_secrets()
         torch.manual_seed(cfg.seed)  # before the networks exist: the seed fixes their init too
         self.agent = make_agent(cfg.agent, self.spec, config.agent, self.device)
         self.window = EpisodeWindow(100)
@@ -72,9 +76,21 @@ class TrainingRun:
         self.checkpoints = self.run_dir / "checkpoints"
         self.supervisor: ActorSupervisor | None = None  # set while running
         self.server: InferenceServer | None = None
+        self.gateway: ActorGateway | None = None
         self.actor_times = np.zeros((0, 2))  # per actor slot: stepping envs, waiting
         self.stopwatch = Stopwatch()  # the learner thread's time
         self.started_at = time.time()
+
+    def _read_secrets(self) -> tuple[bytes | None, tuple[bytes, bytes] | None]:
+        """The remote actors' token and the TLS certificate and key, read before anything starts."""
+        cfg = self.config.train
+        token = read_secret(cfg.token_file, "--token-file")
+        if cfg.tls_cert is None:
+            return token, None
+        return token, (
+            read_secret(cfg.tls_cert, "--tls-cert"),
+            read_secret(cfg.tls_key, "--tls-key"),
+        )
 
     def _prepare_run_dir(self) -> Path | None:
         cfg = self.config.train
@@ -124,7 +140,7 @@ class TrainingRun:
         ctx = multiprocessing.get_context("spawn")
         queue = UnrollQueue(cfg.queue_size)
         transport = SharedMemoryServer(
-            cfg.actors, cfg.envs_per_actor, self.spec.obs_shape, self.spec.obs_dtype, ctx
+            cfg.num_slots, cfg.envs_per_actor, self.spec.obs_shape, self.spec.obs_dtype, ctx
         )
         server = InferenceServer(
             self.agent,
@@ -148,9 +164,14 @@ class TrainingRun:
             ctx,
             cfg.max_actor_restarts,
         )
+        try:
+            gateway = self._gateway(transport) if cfg.listen else None
+        except SeedbedError:
+            transport.close()
+            raise
         stop = threading.Event()
         serving = threading.Thread(target=server.serve, args=(stop,), name="inference", daemon=True)
-        self.supervisor, self.server = supervisor, server
+        self.supervisor, self.server, self.gateway = supervisor, server, gateway
         logger = RunLogger(
             self.run_dir,
             total_frames=cfg.total_frames,
@@ -164,6 +185,8 @@ class TrainingRun:
         try:
             supervisor.start()
             serving.start()
+            if gateway is not None:
+                gateway.start()
             reason = self._loop(queue, server, supervisor, logger, start)
         except KeyboardInterrupt:
             reason = "interrupted"
@@ -175,12 +198,48 @@ class TrainingRun:
             serving.join(timeout=10)
             supervisor.stop()
             self.actor_times = transport.actor_times()
-            transport.close()
+            transport.close()  # remote actors' streams end here: they are told training is over
+            if gateway is not None:
+                gateway.stop()
             logger.close()
         summary = self._finish(reason, time.perf_counter() - start)
         if error is not None:
             raise error
         return summary
+
+    def _gateway(self, transport: SharedMemoryServer) -> ActorGateway:
+        """The listener for remote actors; they take the slots after the local actors'."""
+        cfg = self.config.train
+        settings = dataclasses.asdict(cfg.atari_settings())
+
+        def assign(slot: int, connection: int) -> Assignment:
+            return Assignment(
+                env_id=cfg.env,
+                num_envs=cfg.envs_per_actor,
+                seed=cfg.seed + 1_000_003 * (connection + 1) + slot,  # new episodes each time
+                settings=settings,
+                slot=slot,
+                obs_dtype=self.spec.obs_dtype,
+                obs_shape=tuple(self.spec.obs_shape),
+            )
+
+        token, tls = self.secrets
+        gateway = ActorGateway(
+            cfg.listen,
+            list(range(cfg.actors, cfg.num_slots)),
+            functools.partial(transport.connect, in_process=True),
+            assign,
+            token=token,
+            tls=tls,
+        )
+        # Port 0 picks a free port: say which, for people and for scripts that start actors.
+        (self.run_dir / "listen_address").write_text(gateway.address + "\n")
+        self.console.print(
+            f"[bold]remote actors:[/] seedbed actor --connect {gateway.address}"
+            + (" --token-file FILE" if cfg.token_file else "")
+            + (" --tls-ca CERT" if cfg.tls_cert else "")
+        )
+        return gateway
 
     def _loop(self, queue, server, supervisor, logger, start: float) -> str:
         cfg = self.config.train
@@ -278,6 +337,7 @@ class TrainingRun:
             "episodes": self.window.count,
             "learner_steps": self.learner_steps,
             "actor_restarts": self.supervisor.restarts if self.supervisor else 0,
+            "remote_actors": self._remote_summary(),
             "target_return": cfg.target_return,
             "target_reached_frames": (self.target_reached or {}).get("frames"),
             "target_reached_wall_s": (self.target_reached or {}).get("wall_s"),
@@ -293,6 +353,15 @@ class TrainingRun:
         except Exception as e:  # a plot must never lose a finished run
             log.warning("could not draw the learning curve: %s", e)
         return summary
+
+    def _remote_summary(self) -> dict[str, Any] | None:
+        if self.gateway is None:
+            return None
+        return {
+            "address": self.gateway.address,
+            "connections": self.gateway.connections,
+            "refused": len(self.gateway.rejected),
+        }
 
     def _time_shares(self) -> dict[str, dict[str, float]]:
         """Where each part's time went this session, as fractions of that part's time."""

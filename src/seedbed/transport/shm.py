@@ -112,17 +112,22 @@ class SharedMemoryServer:
         self._lock = threading.Lock()  # guards reply pipes against replacement while sending
         self._closed = False
 
-    def connect(self, actor: int) -> ActorEndpoint:
-        """A fresh endpoint for (re)starting actor ``actor``; its old requests become stale."""
+    def connect(self, actor: int, in_process: bool = False) -> ActorEndpoint:
+        """A fresh endpoint for (re)starting actor ``actor``; its old requests become stale.
+
+        ``in_process``: the endpoint is opened in this process (a remote actor's stream handler),
+        so it gets its own copy of the shared request pipe to close.
+        """
         reader, writer = self._ctx.Pipe(duplex=False)
+        requests = self._requests_w
+        if in_process:
+            requests = Connection(os.dup(self._requests_w.fileno()), readable=False)
         with self._lock:
             self._generation[actor] += 1
             old, self._replies[actor] = self._replies[actor], writer
         if old is not None:
             old.close()
-        return ActorEndpoint(
-            self.layout, actor, int(self._generation[actor]), self._requests_w, reader
-        )
+        return ActorEndpoint(self.layout, actor, int(self._generation[actor]), requests, reader)
 
     def _wait(self, timeout_s: float) -> bool:
         return bool(self._poller.poll(max(0.0, timeout_s) * 1000.0))

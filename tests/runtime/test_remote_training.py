@@ -1,0 +1,119 @@
+"""Training with remote actors as users run it: ``seedbed train --listen`` and ``seedbed actor``
+processes talking gRPC over 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from seedbed.telemetry import read_metrics
+
+pytestmark = pytest.mark.slow
+
+
+def start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "seedbed", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def learner(
+    run_dir: Path, *flags: str, listen: str = "127.0.0.1:0"
+) -> tuple[subprocess.Popen, str]:
+    """A learner serving remote actors only; returns it and the address it listens on."""
+    proc = start(
+        *("train", "--listen", listen, "--actors", "0", "--remote-actors", "2"),
+        *("--run-dir", str(run_dir), "--no-progress", "--log-every-s", "0.2", *flags),
+    )
+    address_file = run_dir / "listen_address"
+    deadline = time.monotonic() + 60
+    while not address_file.is_file():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the learner never started listening"
+        time.sleep(0.1)
+    return proc, address_file.read_text().strip()
+
+
+def wait_for_frames(run_dir: Path, frames: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        metrics = read_metrics(run_dir) if (run_dir / "metrics.csv").is_file() else {}
+        if len(metrics.get("frames", [])) and metrics["frames"][-1] >= frames:
+            return
+        assert time.monotonic() < deadline, f"training never reached {frames} frames"
+        time.sleep(0.2)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"timed out; stderr: {err[-2000:]}")
+    return proc.returncode, out, err
+
+
+def test_two_remote_actors_train_cartpole(tmp_path, no_leaks):
+    run = tmp_path / "run"
+    lr, address = learner(run, "--target-return", "195", "--total-frames", "2000000")
+    actors = [start("actor", "--connect", address) for _ in range(2)]
+    code, out, err = finish(lr)
+    assert code == 0, err[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "target_return" and summary["mean_return_100"] >= 195
+    assert summary["remote_actors"]["connections"] == 2
+    for actor in actors:  # told that training is over: they leave by themselves, cleanly
+        code, out, err = finish(actor, 30)
+        assert code == 0 and "training is over" in out, err[-2000:]
+
+
+def test_a_killed_actor_is_replaced_and_training_goes_on(tmp_path, no_leaks):
+    run = tmp_path / "run"
+    lr, address = learner(run, "--target-return", "none", "--total-frames", "120000")
+    first, second = (start("actor", "--connect", address) for _ in range(2))
+    wait_for_frames(run, 20_000, lr)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    replacement = start("actor", "--connect", address)  # takes the freed slot
+    code, _, err = finish(lr)
+    assert code == 0, err[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "total_frames" and summary["frames"] >= 120_000
+    assert summary["remote_actors"]["connections"] == 3
+    for actor in (second, replacement):
+        assert finish(actor, 30)[0] == 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_actor_reconnects_when_it_loses_the_learner(tmp_path, no_leaks):
+    listen = f"127.0.0.1:{free_port()}"
+    lost, address = learner(tmp_path / "a", "--total-frames", "10000000", listen=listen)
+    actor = start("actor", "--connect", address, "--reconnect-for", "60")
+    wait_for_frames(tmp_path / "a", 5_000, lost)
+    os.kill(lost.pid, signal.SIGKILL)  # the connection drops without a goodbye
+    lost.communicate()
+    time.sleep(1.0)
+    again, _ = learner(tmp_path / "b", "--total-frames", "20000", listen=listen)
+    code, _, err = finish(again)
+    assert code == 0, err[-2000:]
+    code, out, err = finish(actor, 30)
+    assert code == 0 and "training is over" in out
+    assert "reconnecting" in err or "retrying" in err

@@ -1,0 +1,230 @@
+"""Remote actors over gRPC: a real gateway on 127.0.0.1 in front of the real shared-memory
+transport, answered by a thread that plays central inference with known actions."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import ipaddress
+import logging
+import multiprocessing
+import re
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+from seedbed.errors import ConfigError
+from seedbed.transport.proto import actor_pb2 as pb
+from seedbed.transport.remote import (
+    METHOD,
+    PROTOCOL,
+    ActorGateway,
+    Assignment,
+    GrpcActorClient,
+    Refused,
+    is_local_address,
+)
+from seedbed.transport.shm import SharedMemoryServer
+
+ENVS, OBS = 3, (4,)
+
+
+class Learner:
+    """A gateway with two slots over a shared-memory server; actions are env_id * 10 + t."""
+
+    def __init__(self, token: bytes | None = None, tls=None, address: str = "127.0.0.1:0"):
+        self.server = SharedMemoryServer(2, ENVS, OBS, "float32", multiprocessing.get_context())
+        self.gateway = ActorGateway(
+            address,
+            [0, 1],
+            functools.partial(self.server.connect, in_process=True),
+            lambda slot, n: Assignment("CartPole-v1", ENVS, n, None, slot, "<f4", OBS),
+            token=token,
+            tls=tls,
+        )
+        self.run_ids: dict[int, set[int]] = {0: set(), 1: set()}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._answer, daemon=True)
+        self._thread.start()
+        self.gateway.start()
+
+    def _answer(self) -> None:
+        while not self._stop.is_set():
+            request = self.server.recv(2 * ENVS, 0.001)
+            if request is None:
+                continue
+            for env, run in zip(request.env_ids, request.run_id, strict=True):
+                self.run_ids[int(env) // ENVS].add(int(run))
+            self.server.send(request, request.env_ids * 10 + request.reward.astype(np.int64))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.server.close()
+        self.gateway.stop(0)
+
+
+@pytest.fixture
+def learner(no_leaks):
+    """Learners made in a test; closed after it, before the leak check."""
+    made = []
+
+    def make(**kwargs) -> Learner:
+        made.append(Learner(**kwargs))
+        return made[-1]
+
+    yield make
+    for one in made:
+        one.close()
+
+
+def steps(client: GrpcActorClient, n: int, t0: int = 0) -> None:
+    """``n`` calls whose answers must be exactly the known actions of the client's slot."""
+    env_ids = client.assignment.slot * ENVS + np.arange(ENVS)
+    done = np.zeros(ENVS, bool)
+    for t in range(t0, t0 + n):
+        obs = np.full((ENVS, *OBS), t, np.float32)
+        actions = client.call(obs, np.full(ENVS, t, np.float32), done, done)
+        np.testing.assert_array_equal(actions, env_ids * 10 + t)
+
+
+def test_steps_round_trip_and_a_reconnect_is_a_new_run(learner):
+    lr = learner()
+    first = GrpcActorClient(lr.gateway.address)
+    assert first.assignment.env_id == "CartPole-v1" and first.assignment.num_envs == ENVS
+    steps(first, 20)
+    first.close()
+    second = GrpcActorClient(lr.gateway.address)  # takes the freed slot under a new run id
+    steps(second, 5)
+    second.close()
+    slot = second.assignment.slot
+    assert len(lr.run_ids[slot]) == 1 + (slot == first.assignment.slot)
+    assert lr.gateway.connections == 2
+
+
+def test_all_slots_taken_refuses_the_next_actor(learner):
+    lr = learner()
+    clients = [GrpcActorClient(lr.gateway.address) for _ in range(2)]
+    with pytest.raises(ConnectionError, match="slots are taken"):
+        GrpcActorClient(lr.gateway.address)
+    for c in clients:
+        c.close()
+
+
+@pytest.mark.parametrize("sent", [None, b"not-the-token"], ids=["missing", "wrong"])
+def test_a_client_without_the_right_token_is_refused(learner, sent):
+    lr = learner(token=b"s3cret\n")
+    with pytest.raises(Refused, match="token"):
+        GrpcActorClient(lr.gateway.address, token=sent)
+    good = GrpcActorClient(lr.gateway.address, token=b"s3cret")
+    steps(good, 3)
+    good.close()
+    assert len(lr.gateway.rejected) == 1
+
+
+def test_listening_off_loopback_needs_a_token():
+    assert is_local_address("127.0.0.1:5000") and is_local_address("unix:/tmp/x")
+    assert not is_local_address("0.0.0.0:5000")
+    with pytest.raises(ConfigError, match="--token-file"):
+        ActorGateway("0.0.0.0:0", [0], lambda s: None, lambda s, n: None)
+
+
+def _raw_stream(address: str, *messages: bytes):
+    """Send ``messages`` as they are on one stream; return the status it ended with."""
+    channel = grpc.insecure_channel(address)
+    act = channel.stream_stream(METHOD, request_serializer=None, response_deserializer=None)
+    try:
+        list(act(iter(messages), timeout=10))
+        return None
+    except grpc.RpcError as e:
+        return e.code(), e.details()
+    finally:
+        channel.close()
+
+
+def _hello() -> bytes:
+    return pb.ActorMessage(hello=pb.Hello(protocol=PROTOCOL)).SerializeToString()
+
+
+def _step(shape, data: bytes) -> bytes:
+    obs = pb.Array(dtype="<f4", shape=shape, data=data)
+    return pb.ActorMessage(step=pb.Step(obs=obs)).SerializeToString()
+
+
+@pytest.mark.parametrize(
+    ("messages", "reason"),
+    [
+        ([b"\xff\xff\xff not protobuf"], "malformed message"),
+        ([_hello(), _step([2, 4], bytes(32))], "obs is <f4 \\(2, 4\\), expected <f4 \\(3, 4\\)"),
+        ([_hello(), _step([3, 4], bytes(47))], "carries 47 bytes"),
+        ([_hello(), _step([3, 4], bytes(200_000))], "over this run's .*-byte limit"),
+        ([pb.ActorMessage(hello=pb.Hello(protocol=99)).SerializeToString()], "protocol 99"),
+    ],
+    ids=["garbage", "wrong-shape", "short-data", "oversized", "old-protocol"],
+)
+def test_a_bad_message_is_refused_and_everyone_else_is_still_served(
+    learner, messages, reason, caplog
+):
+    lr = learner()
+    good = GrpcActorClient(lr.gateway.address)
+    steps(good, 3)
+    with caplog.at_level(logging.WARNING, logger="seedbed.transport.remote"):
+        code, details = _raw_stream(lr.gateway.address, *messages)
+    assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+    assert re.search(reason, details), details
+    assert any("refused actor" in r.getMessage() for r in caplog.records)
+    steps(good, 3, t0=3)  # the well-behaved actor never noticed
+    good.close()
+
+
+def _self_signed() -> tuple[bytes, bytes]:
+    """A certificate for localhost and 127.0.0.1, and its key, as PEM."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+def test_tls_with_a_self_signed_certificate(learner):
+    cert, key = _self_signed()
+    lr = learner(tls=(cert, key), token=b"tok")
+    client = GrpcActorClient(lr.gateway.address, token=b"tok", tls_ca=cert)
+    steps(client, 5)
+    client.close()
+    with pytest.raises(ConnectionError, match="cannot reach"):  # plaintext cannot talk to TLS
+        GrpcActorClient(lr.gateway.address, token=b"tok", timeout_s=2)
+
+
+def test_unix_socket(learner, tmp_path):
+    lr = learner(address=f"unix:{tmp_path}/learner.sock")
+    client = GrpcActorClient(lr.gateway.address)
+    steps(client, 5)
+    client.close()
