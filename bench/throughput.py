@@ -68,18 +68,23 @@ def raw_env_fps(config: RunConfig, seconds: float, backend: str | None = None) -
     return total * frame_skip / seconds
 
 
-def training_fps(settings: dict) -> tuple[float, dict]:
-    """Steady-state frames/s of a training run (the first 20% of frames are warm-up)."""
-    from seedbed.runtime.train import train
+def steady_fps(run_dir: str) -> float:
+    """Frames/s of a finished run after warm-up (its first 20% of frames)."""
     from seedbed.telemetry import read_metrics
 
-    summary = train(resolve([settings]))
-    m = read_metrics(settings["run_dir"])
+    m = read_metrics(run_dir)
     frames, wall = m["frames"], m["wall_s"]
     start = int(np.searchsorted(frames, 0.2 * frames[-1]))
     start = min(start, len(frames) - 2)
-    fps = (frames[-1] - frames[start]) / (wall[-1] - wall[start])
-    return float(fps), summary
+    return float((frames[-1] - frames[start]) / (wall[-1] - wall[start]))
+
+
+def training_fps(settings: dict) -> tuple[float, dict]:
+    """Steady-state frames/s of a training run, and its summary."""
+    from seedbed.runtime.train import train
+
+    summary = train(resolve([settings]))
+    return steady_fps(settings["run_dir"]), summary
 
 
 def train_flags(extra: list[str]) -> dict:

@@ -1,4 +1,4 @@
-"""The ``seedbed`` command: ``train``, ``eval``, ``actor`` and ``plot``.
+"""The ``seedbed`` command: ``train``, ``eval``, ``launch``, ``actor`` and ``plot``.
 
 Only argument parsing lives here; each command resolves its settings and hands them to the
 runtime. Heavy imports (torch) happen inside the commands so that ``--help`` is instant.
@@ -14,32 +14,25 @@ from pathlib import Path
 from typing import Any
 
 from seedbed import __version__
-from seedbed.config import TrainConfig, add_arguments, load_yaml, resolve
+from seedbed.config import TrainConfig, add_arguments, check_address, load_yaml, resolve
 from seedbed.errors import SeedbedError
 
 
-def _train_parser(subparsers: Any) -> None:
+def _add_settings(p: argparse.ArgumentParser) -> None:
+    """``--config`` and one flag per run and agent setting."""
     from seedbed.agents import AGENTS, config_class
 
-    p = subparsers.add_parser(
-        "train",
-        help="train an agent (default: V-trace on CartPole-v1, to a mean return of 475)",
-        description="Train an agent with central inference. Settings come from the defaults, "
-        "then --config FILE.yaml, then flags (flags win).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
     p.add_argument("--config", metavar="FILE.yaml", help="YAML file of settings", default=None)
     seen: set[str] = set()
     add_arguments(p.add_argument_group("run settings"), TrainConfig, seen)
     for name in AGENTS:
         add_arguments(p.add_argument_group(f"{name} agent settings"), config_class(name), seen)
-    p.set_defaults(command=cmd_train)
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from seedbed.runtime.train import train
-
-    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "verbose")}
+def _settings_layers(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> list[dict]:
+    """The setting layers the user gave: a resumed run's config, --config, then flags."""
+    own = ("command", "config", "verbose", *skip)
+    flags = {k: v for k, v in vars(args).items() if k not in own}
     layers = []
     if flags.get("resume") and flags.get("run_dir"):
         saved = Path(flags["run_dir"]) / "config.yaml"
@@ -48,9 +41,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.config:
         layers.append(load_yaml(args.config))
     layers.append(flags)
-    config = resolve(layers)
-    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop ends the run as Ctrl-C does
-    summary = train(config)
+    return layers
+
+
+def _report(summary: dict[str, Any]) -> int:
+    """Print how a run ended; return the command's exit code."""
     reached = summary["target_reached_frames"]
     ret = summary["mean_return_100"]
     print(
@@ -68,6 +63,64 @@ def cmd_train(args: argparse.Namespace) -> int:
     if "curve" in summary:
         print(f"learning curve: {summary['curve']}")
     return {"error": 1, "interrupted": 130}.get(summary["stop_reason"], 0)
+
+
+def _train_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="train an agent (default: V-trace on CartPole-v1, to a mean return of 475)",
+        description="Train an agent with central inference. Settings come from the defaults, "
+        "then --config FILE.yaml, then flags (flags win).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _add_settings(p)
+    p.set_defaults(command=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from seedbed.runtime.train import train
+
+    config = resolve(_settings_layers(args))
+    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop ends the run as Ctrl-C does
+    return _report(train(config))
+
+
+def _launch_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "launch",
+        help="train on a Ray cluster: the learner and --actors remote actors as Ray actors",
+        description="Start a learner and --actors actors on Ray (a local Ray without ADDRESS), "
+        "restart actors that die, and stop everything at the end or on Ctrl-C. Takes every "
+        "train setting; --actors counts the Ray actors, each stepping --envs-per-actor envs.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        required=True,
+        metavar="ADDRESS",
+        help="the Ray cluster (e.g. 10.0.0.1:6379, or auto); without ADDRESS a local Ray",
+    )
+    p.add_argument("--actor-cpus", type=float, default=1.0, help="CPUs Ray reserves per actor")
+    p.add_argument("--learner-cpus", type=float, default=1.0, help="CPUs for the learner")
+    _add_settings(p)
+    p.set_defaults(command=cmd_launch)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from seedbed.launch import Placement, launch, resolve_run_dir
+
+    layers = _settings_layers(args, skip=("ray", "actor_cpus", "learner_cpus"))
+    actors = resolve(layers).train.actors  # here: how many Ray actors
+    # Every actor is remote: the learner listens (on the cluster, launch widens it with a token).
+    layers.append({"actors": 0, "remote_actors": actors, "listen": "127.0.0.1:0"})
+    layers = resolve_run_dir(layers)  # validates all settings before Ray starts
+    device = resolve(layers).train.device
+    placement = Placement(actors, args.actor_cpus, args.learner_cpus, float(device == "cuda"))
+    signal.signal(signal.SIGTERM, _interrupt)
+    address = None if args.ray == "local" else args.ray
+    return _report(launch(layers, address, placement))
 
 
 def _eval_parser(subparsers: Any) -> None:
@@ -123,7 +176,7 @@ def _actor_parser(subparsers: Any) -> None:
 
 def cmd_actor(args: argparse.Namespace) -> int:
     from seedbed.actor import run_remote_actor
-    from seedbed.transport.remote import check_address, read_secret
+    from seedbed.transport.remote import read_secret
 
     check_address(args.connect, "--connect")
     token = read_secret(args.token_file, "--token-file")
@@ -163,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     _train_parser(subparsers)
     _eval_parser(subparsers)
+    _launch_parser(subparsers)
     _actor_parser(subparsers)
     _plot_parser(subparsers)
     return parser

@@ -91,8 +91,6 @@ class TrainConfig:
                 "every actor is remote)"
             )
         if self.listen:
-            from seedbed.transport.remote import check_address, is_local_address
-
             check_address(self.listen, "--listen")
             if self.token_file is None and not is_local_address(self.listen):
                 raise ConfigError(
@@ -158,6 +156,26 @@ class TrainConfig:
             max_episode_frames=self.max_episode_frames,
             terminal_on_life_loss=self.terminal_on_life_loss,
         )
+
+
+def is_local_address(address: str) -> bool:
+    """Whether ``address`` (``HOST:PORT`` or ``unix:PATH``) is reachable from this host only."""
+    if address.startswith("unix:"):
+        return True
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
+
+
+def check_address(address: str, flag: str) -> None:
+    """A one-line error unless ``address`` is ``HOST:PORT`` or ``unix:PATH``."""
+    if address.startswith("unix:"):
+        if len(address) > len("unix:"):
+            return
+    else:
+        host, _, port = address.rpartition(":")
+        if host and port.isdigit() and int(port) < 65536:
+            return
+    raise ConfigError(f"{flag} {address!r}: expected HOST:PORT (e.g. 127.0.0.1:5000) or unix:PATH")
 
 
 def flag(name: str) -> str:

@@ -117,3 +117,17 @@ def test_an_actor_reconnects_when_it_loses_the_learner(tmp_path, no_leaks):
     code, out, err = finish(actor, 30)
     assert code == 0 and "training is over" in out
     assert "reconnecting" in err or "retrying" in err
+
+
+def test_an_actor_with_the_wrong_token_exits_with_one_line(tmp_path, no_leaks):
+    (tmp_path / "token").write_text("right\n")
+    (tmp_path / "wrong").write_text("wrong\n")
+    run = tmp_path / "run"
+    lr, address = learner(run, "--token-file", str(tmp_path / "token"), "--total-frames", "1e9")
+    actor = start("actor", "--connect", address, "--token-file", str(tmp_path / "wrong"))
+    code, _, err = finish(actor, 60)
+    lr.send_signal(signal.SIGTERM)
+    finish(lr)
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith("seedbed: error: the learner refused this actor")
+    assert "token" in err.strip().splitlines()[-1]

@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 import pytest
 
+from seedbed.config import is_local_address
 from seedbed.errors import ConfigError
 from seedbed.transport.proto import actor_pb2 as pb
 from seedbed.transport.remote import (
@@ -24,7 +25,6 @@ from seedbed.transport.remote import (
     Assignment,
     GrpcActorClient,
     Refused,
-    is_local_address,
 )
 from seedbed.transport.shm import SharedMemoryServer
 

@@ -79,6 +79,7 @@ class TrainingRun:
         self.gateway: ActorGateway | None = None
         self.actor_times = np.zeros((0, 2))  # per actor slot: stepping envs, waiting
         self.stopwatch = Stopwatch()  # the learner thread's time
+        self._stop_requested = threading.Event()
         self.started_at = time.time()
 
     def _read_secrets(self) -> tuple[bytes | None, tuple[bytes, bytes] | None]:
@@ -133,6 +134,10 @@ class TrainingRun:
             "torch_rng": torch.get_rng_state(),
             "config": self.config.to_dict(),
         }
+
+    def request_stop(self) -> None:
+        """Stop as Ctrl-C would (final checkpoint and summary), from any thread."""
+        self._stop_requested.set()
 
     def run(self) -> dict[str, Any]:
         """Train until the target return, the frame budget, an error or Ctrl-C; return summary."""
@@ -259,6 +264,8 @@ class TrainingRun:
                 acc.add(metrics, (self.learner_steps - 1 - batch.policy_version).float().mean())
             if supervisor.error is not None:
                 raise supervisor.error
+            if self._stop_requested.is_set():
+                return "interrupted"
             now = time.perf_counter()
             if now >= next_log:
                 next_log = now + cfg.log_every_s

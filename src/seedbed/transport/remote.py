@@ -33,6 +33,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from seedbed.config import is_local_address
 from seedbed.errors import ConfigError, SeedbedError
 from seedbed.transport.proto import actor_pb2 as pb
 
@@ -41,26 +42,6 @@ log = logging.getLogger(__name__)
 PROTOCOL = 1  # bump when actor.proto changes incompatibly
 METHOD = "/seedbed.v1.Learner/Act"
 _HEADROOM = 64 * 1024  # bytes a message may carry beyond its arrays (field tags, dtype strings)
-
-
-def is_local_address(address: str) -> bool:
-    """Whether ``address`` (``HOST:PORT`` or ``unix:PATH``) is reachable from this host only."""
-    if address.startswith("unix:"):
-        return True
-    host = address.rsplit(":", 1)[0].strip("[]")
-    return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
-
-
-def check_address(address: str, flag: str) -> None:
-    """A one-line error unless ``address`` is ``HOST:PORT`` or ``unix:PATH``."""
-    if address.startswith("unix:"):
-        if len(address) > len("unix:"):
-            return
-    else:
-        host, _, port = address.rpartition(":")
-        if host and port.isdigit() and int(port) < 65536:
-            return
-    raise ConfigError(f"{flag} {address!r}: expected HOST:PORT (e.g. 127.0.0.1:5000) or unix:PATH")
 
 
 def read_secret(path: str | None, flag: str) -> bytes | None:

@@ -1,0 +1,108 @@
+"""Remote (gRPC) actors against shared-memory actors: the same run, the same machine.
+
+Trains the same setup three ways and prints JSON with each one's steady-state frames/s: local
+actor processes on shared memory; ``seedbed actor`` processes connected over gRPC on 127.0.0.1;
+and the same over a Unix socket. The ratio of each gRPC run to the shared-memory one is the cost
+of the network path (serialisation, the stream, the gateway's relay), which the goal bounds at
+0.7. Flags after ``--`` go to ``seedbed train`` unchanged.
+
+    python bench/remote.py                                   # the default CartPole settings
+    python bench/remote.py --env atari:Pong -- --env-backend envpool
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from machine import machine
+from throughput import steady_fps, train_flags, training_fps
+
+from seedbed.atari import is_atari
+from seedbed.config import resolve
+
+
+def remote_training_fps(settings: dict, listen: str) -> tuple[float, dict]:
+    """Like ``training_fps``, with every actor a ``seedbed actor`` process on ``listen``."""
+    from seedbed.runtime.train import train
+
+    config = resolve([settings])
+    remote = {**settings, "actors": 0, "remote_actors": config.train.actors, "listen": listen}
+    result: dict = {}
+    learner = threading.Thread(target=lambda: result.update(summary=train(resolve([remote]))))
+    learner.start()
+    address_file = os.path.join(settings["run_dir"], "listen_address")
+    while not os.path.exists(address_file):
+        if not learner.is_alive():
+            raise SystemExit("the learner stopped before it listened")
+        time.sleep(0.05)
+    with open(address_file) as f:
+        address = f.read().strip()
+    actors = [
+        subprocess.Popen([sys.executable, "-m", "seedbed", "actor", "--connect", address])
+        for _ in range(config.train.actors)
+    ]
+    learner.join()
+    for actor in actors:
+        actor.wait(60)
+    return steady_fps(settings["run_dir"]), result["summary"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--env", default="CartPole-v1")
+    p.add_argument("--frames", type=int, default=None, help="training frames per run")
+    p.add_argument("train_flags", nargs="*", help="flags for seedbed train, after --")
+    args = p.parse_args()
+
+    frames = args.frames or (1_000_000 if is_atari(args.env) else 600_000)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = {
+            "env": args.env,
+            "total_frames": frames,
+            "target_return": None,
+            "progress": False,
+            "log_every_s": 0.5,
+            "checkpoint_every_s": 1e9,
+            **train_flags(args.train_flags),
+        }
+        runs = {
+            "shared_memory": lambda s: training_fps(s),
+            "grpc_tcp": lambda s: remote_training_fps(s, "127.0.0.1:0"),
+            "grpc_unix": lambda s: remote_training_fps(s, f"unix:{tmp}/learner.sock"),
+        }
+        for name, run in runs.items():
+            fps, summary = run({**base, "run_dir": os.path.join(tmp, name)})
+            results[name] = {"train_frames_per_s": round(fps), "frames": summary["frames"]}
+    config = resolve([base])
+    shm = results["shared_memory"]["train_frames_per_s"]
+    report = {
+        "benchmark": "remote_actors",
+        "machine": machine(),
+        "setup": {
+            **base,
+            "actors": config.train.actors,
+            "envs_per_actor": config.train.envs_per_actor,
+            "batch": config.train.batch,
+            "unroll": config.train.unroll,
+        },
+        "runs": results,
+        "ratio_grpc_tcp_to_shared_memory": round(
+            results["grpc_tcp"]["train_frames_per_s"] / shm, 3
+        ),
+        "ratio_grpc_unix_to_shared_memory": round(
+            results["grpc_unix"]["train_frames_per_s"] / shm, 3
+        ),
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
