@@ -45,7 +45,10 @@ def remote_training_fps(settings: dict, listen: str) -> tuple[float, dict]:
     with open(address_file) as f:
         address = f.read().strip()
     actors = [
-        subprocess.Popen([sys.executable, "-m", "seedbed", "actor", "--connect", address])
+        subprocess.Popen(
+            [sys.executable, "-m", "seedbed", "actor", "--connect", address],
+            stdout=subprocess.DEVNULL,  # this script's stdout is its JSON
+        )
         for _ in range(config.train.actors)
     ]
     learner.join()

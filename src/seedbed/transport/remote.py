@@ -15,17 +15,16 @@ TLS is optional. Message sizes are capped at what one step of the slot can hold.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import hmac
 import json
 import logging
 import math
-import queue
 import socket
 import threading
-from collections.abc import Callable, Iterator
-from concurrent import futures
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +155,10 @@ class ActorGateway:
     transport for ``slot`` (a new run id); ``assign(slot, connection)`` what the actor in it
     runs. Slots are handed out first come, first served; an actor arriving when all are taken is
     refused, and a slot is free again the moment its stream ends.
+
+    All streams are served by gRPC's asyncio API on one event loop in its own thread, which
+    waits for the shared-memory answers on their reply pipes: many actors cost no thread each
+    in this process, where the inference and learner threads need the interpreter too.
     """
 
     def __init__(
@@ -178,15 +181,30 @@ class ActorGateway:
         self._free = list(slots)
         self._num_slots = len(slots)
         self.connections = 0
-        self._lock = threading.Lock()
         self._stopping = threading.Event()
         self.rejected: list[str] = []  # reasons, for tests and the end-of-run summary
         probe = assign(slots[0], 0) if slots else None
         self._max_bytes = _HEADROOM + (self._step_bytes(probe) if probe else 0)
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(
-                max_workers=len(slots) + 4, thread_name_prefix="actor-stream"
-            ),
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="actor-gateway", daemon=True
+        )
+        self._thread.start()
+        try:
+            port = self._on_loop(self._create(address, tls, len(slots)))
+        except BaseException:
+            self._close_loop()
+            raise
+        if port == 0 and not address.startswith("unix:"):
+            self._close_loop()
+            raise SeedbedError(f"--listen {address}: cannot listen there (in use, or no such host)")
+        self.address = address if address.startswith("unix:") else _with_port(address, port)
+
+    def _on_loop(self, coroutine: Any, timeout_s: float | None = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
+
+    async def _create(self, address: str, tls: tuple[bytes, bytes] | None, slots: int) -> int:
+        self._server = grpc.aio.server(
             handlers=[
                 grpc.method_handlers_generic_handler(
                     "seedbed.v1.Learner",
@@ -210,17 +228,13 @@ class ActorGateway:
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
                 ("grpc.keepalive_permit_without_calls", 1),
             ],
-            # One stream per slot; the few extra threads answer refused connections.
-            maximum_concurrent_rpcs=len(slots) + 4,
+            # One stream per slot, and a few more to tell late actors that all are taken.
+            maximum_concurrent_rpcs=slots + 4,
         )
         if tls is not None:
             credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])  # (key, cert)
-            port = self._server.add_secure_port(address, credentials)
-        else:
-            port = self._server.add_insecure_port(address)
-        if port == 0 and not address.startswith("unix:"):
-            raise SeedbedError(f"--listen {address}: cannot listen there (in use, or no such host)")
-        self.address = address if address.startswith("unix:") else _with_port(address, port)
+            return self._server.add_secure_port(address, credentials)
+        return self._server.add_insecure_port(address)
 
     @staticmethod
     def _step_bytes(assignment: Assignment) -> int:
@@ -228,22 +242,32 @@ class ActorGateway:
         return assignment.num_envs * (obs + 4 + 1 + 1)
 
     def start(self) -> None:
-        self._server.start()
+        self._on_loop(self._server.start())
         log.info("listening for actors on %s", self.address)
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Refuse new actors and end every stream (their actors are told training is over)."""
+        if self._loop.is_closed():
+            return
         self._stopping.set()
-        self._server.stop(grace_s).wait()
+        self._on_loop(self._server.stop(grace_s), timeout_s=grace_s + 10.0)
+        self._close_loop()
 
-    def _serve(
-        self, requests: Iterator[pb.ActorMessage], context: grpc.ServicerContext
-    ) -> Iterator[pb.LearnerMessage]:
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    async def _serve(
+        self, requests: AsyncIterator[pb.ActorMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.LearnerMessage]:
         peer = context.peer()
         slot = None
         try:
+            # Read the hello before any refusal: refusing while the actor's first message is
+            # still in flight can reach it as INTERNAL instead of the reason.
+            hello = await anext(aiter(requests), None)
             self._check_token(context)
-            hello = next(requests, None)
             if _kind(hello) != "hello":
                 raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, "first message must be hello")
             if hello.hello.protocol != PROTOCOL:
@@ -254,21 +278,21 @@ class ActorGateway:
                 )
             slot, connection = self._take_slot()
             assignment = self._assign(slot, connection)
-            yield from self._bridge(assignment, hello.hello.actor_name or peer, requests)
+            async for reply in self._bridge(assignment, hello.hello.actor_name or peer, requests):
+                yield reply
         except _Rejected as e:
             reason = str(e)
             self.rejected.append(reason)
             log.warning("refused actor %s: %s", peer, reason)
-            context.abort(e.code, reason)
+            await context.abort(e.code, reason)
         finally:
             if slot is not None:
-                with self._lock:
-                    self._free.append(slot)
+                self._free.append(slot)
 
-    def _check_token(self, context: grpc.ServicerContext) -> None:
+    def _check_token(self, context: grpc.aio.ServicerContext) -> None:
         if self._token is None:
             return
-        sent = dict(context.invocation_metadata()).get("authorization", "")
+        sent = dict(context.invocation_metadata() or ()).get("authorization", "")
         if not hmac.compare_digest(sent.encode(), b"Bearer " + self._token):
             raise _Rejected(
                 grpc.StatusCode.UNAUTHENTICATED,
@@ -276,22 +300,21 @@ class ActorGateway:
             )
 
     def _take_slot(self) -> tuple[int, int]:
-        """A free slot and this connection's number, or a refusal."""
-        with self._lock:
-            if self._stopping.is_set():
-                raise _Rejected(grpc.StatusCode.UNAVAILABLE, "training is over")
-            if not self._free:
-                raise _Rejected(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"all {self._num_slots} remote actor slots are taken; start the learner "
-                    "with a larger --remote-actors",
-                )
-            self.connections += 1
-            return self._free.pop(0), self.connections
+        """A free slot and this connection's number, or a refusal (on the loop: no lock)."""
+        if self._stopping.is_set():
+            raise _Rejected(grpc.StatusCode.UNAVAILABLE, "training is over")
+        if not self._free:
+            raise _Rejected(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"all {self._num_slots} remote actor slots are taken; start the learner "
+                "with a larger --remote-actors",
+            )
+        self.connections += 1
+        return self._free.pop(0), self.connections
 
-    def _bridge(
-        self, assignment: Assignment, name: str, requests: Iterator[pb.ActorMessage]
-    ) -> Iterator[pb.LearnerMessage]:
+    async def _bridge(
+        self, assignment: Assignment, name: str, requests: AsyncIterator[pb.ActorMessage]
+    ) -> AsyncIterator[pb.LearnerMessage]:
         """Relay one actor's steps into its slot and the actions back, until either end stops."""
         slot = assignment.slot
         client = self._connect(slot).open()
@@ -305,7 +328,7 @@ class ActorGateway:
         )
         try:
             yield assignment.to_message()
-            for message in requests:
+            async for message in requests:
                 if _kind(message) != "step":
                     raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, "expected a step")
                 try:
@@ -313,7 +336,7 @@ class ActorGateway:
                 except ValueError as err:
                     raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"bad step: {err}") from None
                 try:
-                    actions = client.call(*arrays)
+                    actions = await self._call(client, arrays)
                 except ConnectionError:
                     yield pb.LearnerMessage(stop=pb.Stop(reason="training is over"))
                     return
@@ -321,6 +344,18 @@ class ActorGateway:
             log.info("actor %s left slot %d", name, slot)
         finally:
             client.close()
+
+    async def _call(self, client: Any, arrays: list[np.ndarray]) -> np.ndarray:
+        """``client.call`` without blocking the loop: await the reply pipe, then collect."""
+        client.submit(*arrays)
+        answered = self._loop.create_future()
+        fd = client.reply_fd
+        self._loop.add_reader(fd, lambda: answered.done() or answered.set_result(None))
+        try:
+            await answered
+        finally:
+            self._loop.remove_reader(fd)
+        return client.collect()
 
 
 def _with_port(address: str, port: int) -> str:
@@ -339,7 +374,12 @@ class Refused(SeedbedError):
 
 
 class GrpcActorClient:
-    """An actor's end of one stream: the ``ActorTransport`` ``run_actor`` calls."""
+    """An actor's end of one stream: the ``ActorTransport`` that ``act`` calls.
+
+    It drives gRPC's asyncio API from a private event loop in the calling thread, so a step's
+    round trip needs no helper threads on the actor's side (the threaded API passes each
+    message through two).
+    """
 
     def __init__(
         self,
@@ -349,6 +389,38 @@ class GrpcActorClient:
         name: str | None = None,
         timeout_s: float = 10.0,
     ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._channel: Any = None
+        try:
+            first = self._run(self._open(address, token, tls_ca, name, timeout_s))
+        except BaseException:
+            self.close()
+            raise
+        if first.WhichOneof("kind") != "assignment":
+            self.close()
+            raise ConnectionError(f"the learner answered hello with {first.WhichOneof('kind')}")
+        self.assignment = Assignment.from_message(first.assignment)
+
+    def _run(self, coroutine: Any) -> Any:
+        """Run ``coroutine`` to completion, translating gRPC's errors into ours."""
+        try:
+            return self._loop.run_until_complete(coroutine)
+        except grpc.aio.AioRpcError as e:
+            code, details = e.code(), e.details()
+            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION):
+                raise Refused(f"the learner refused this actor: {details}") from None
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise Refused(f"the learner rejected a message: {details}") from None
+            raise ConnectionError(f"lost the learner ({code.name}: {details})") from None
+
+    async def _open(
+        self,
+        address: str,
+        token: bytes | None,
+        tls_ca: bytes | None,
+        name: str | None,
+        timeout_s: float,
+    ) -> pb.LearnerMessage:
         options = [
             ("grpc.max_receive_message_length", 16 * 1024 * 1024),
             ("grpc.keepalive_time_ms", 20_000),
@@ -356,41 +428,39 @@ class GrpcActorClient:
         ]
         if tls_ca is not None:
             credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca)
-            self._channel = grpc.secure_channel(address, credentials, options=options)
+            self._channel = grpc.aio.secure_channel(address, credentials, options=options)
         else:
-            self._channel = grpc.insecure_channel(address, options=options)
+            self._channel = grpc.aio.insecure_channel(address, options=options)
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
-        except grpc.FutureTimeoutError:
-            self._channel.close()
+            await asyncio.wait_for(self._channel.channel_ready(), timeout_s)
+        except asyncio.TimeoutError:
             raise ConnectionError(f"cannot reach a learner at {address}") from None
         act = self._channel.stream_stream(
             METHOD,
             request_serializer=pb.ActorMessage.SerializeToString,
             response_deserializer=pb.LearnerMessage.FromString,
         )
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         metadata = [("authorization", "Bearer " + token.strip().decode())] if token else None
-        self._replies = act(iter(self._outbox.get, None), metadata=metadata)
+        self._stream = act(metadata=metadata)
         hello = pb.Hello(protocol=PROTOCOL, actor_name=name or _default_name())
-        self._outbox.put(pb.ActorMessage(hello=hello))
-        first = self._next()
-        if first.WhichOneof("kind") != "assignment":
-            raise ConnectionError(f"the learner answered hello with {first.WhichOneof('kind')}")
-        self.assignment = Assignment.from_message(first.assignment)
+        return await self._roundtrip(pb.ActorMessage(hello=hello))
 
-    def _next(self) -> pb.LearnerMessage:
+    async def _roundtrip(self, message: pb.ActorMessage) -> pb.LearnerMessage:
         try:
-            return next(self._replies)
-        except StopIteration:
-            raise ConnectionError("the learner closed the stream") from None
-        except grpc.RpcError as e:
-            code, details = e.code(), e.details()
-            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION):
-                raise Refused(f"the learner refused this actor: {details}") from None
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
-                raise Refused(f"the learner rejected a message: {details}") from None
-            raise ConnectionError(f"lost the learner ({code.name}: {details})") from None
+            await self._stream.write(message)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            await self._raise_status()  # the learner ended the stream first: say why it did
+        reply = await self._stream.read()
+        if reply is grpc.aio.EOF:
+            await self._raise_status()
+        return reply
+
+    async def _raise_status(self) -> None:
+        """Raise the stream's final status as an error (``_run`` translates it)."""
+        code, details = await self._stream.code(), await self._stream.details()
+        if code == grpc.StatusCode.OK:
+            raise ConnectionError("the learner closed the stream")
+        raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
     def call(
         self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
@@ -401,8 +471,7 @@ class GrpcActorClient:
             done=to_wire(np.asarray(done, np.bool_)),
             truncated=to_wire(np.asarray(truncated, np.bool_)),
         )
-        self._outbox.put(pb.ActorMessage(step=step))
-        reply = self._next()
+        reply = self._run(self._roundtrip(pb.ActorMessage(step=step)))
         kind = reply.WhichOneof("kind")
         if kind == "stop":
             raise LearnerStopped(reply.stop.reason)
@@ -415,8 +484,17 @@ class GrpcActorClient:
             raise ConnectionError(f"the learner sent malformed actions: {e}") from None
 
     def close(self) -> None:
-        self._outbox.put(None)
-        self._channel.close()
+        if self._loop.is_closed():
+            return
+        if self._channel is not None:
+            self._loop.run_until_complete(self._channel.close())
+        # gRPC leaves a task per call that finishes only as the loop runs on; let it end.
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self._loop.run_until_complete(asyncio.wait(pending))
+        self._loop.close()
 
 
 def _default_name() -> str:

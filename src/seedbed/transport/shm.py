@@ -231,6 +231,13 @@ class SharedMemoryClient:
     def call(
         self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
     ) -> np.ndarray:
+        self.submit(obs, reward, done, truncated)
+        return self.collect()
+
+    def submit(
+        self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
+    ) -> None:
+        """The first half of ``call``: write the step and ask for its actions."""
         self._obs[...] = obs
         self._reward[...] = reward
         self._done[...] = done
@@ -238,6 +245,12 @@ class SharedMemoryClient:
         self._clock.enter()
         try:
             os.write(self._req_fd, self._record)
+        except OSError as e:
+            raise ConnectionError(f"the learner's transport closed: {e}") from None
+
+    def collect(self) -> np.ndarray:
+        """The second half: wait for the answer (at once, if ``reply_fd`` is readable)."""
+        try:
             answered = os.read(self._reply_fd, 1)
         except OSError as e:
             raise ConnectionError(f"the learner's transport closed: {e}") from None
@@ -245,6 +258,11 @@ class SharedMemoryClient:
             raise ConnectionError("the learner went away")
         self._clock.leave()
         return self._action.copy()
+
+    @property
+    def reply_fd(self) -> int:
+        """Readable once the answer to the last ``submit`` is in (for event loops)."""
+        return self._reply_fd
 
     def close(self) -> None:
         self._obs = self._reward = self._done = self._truncated = self._action = None
