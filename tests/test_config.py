@@ -64,7 +64,9 @@ def test_num_envs():
 
 def test_atari_ids_get_their_family_defaults_below_files_and_flags(tmp_path):
     atari = resolve([{"env": "atari:Pong"}])
-    assert atari.train.target_return is None and atari.train.unroll == 20
+    assert atari.train.target_return is None and atari.train.unroll == 5
+    assert atari.train.batch == atari.train.num_envs == 16  # policy lag near 2 updates
+    assert not atari.agent.normalize_advantages
     assert atari.agent.torso == "nature" and atari.agent.shared_torso
     assert atari.agent.discount == 0.99 and atari.agent.reward_clip == 1.0
     classic = resolve([{"env": "Acrobot-v1"}])
