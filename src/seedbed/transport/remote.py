@@ -2,8 +2,8 @@
 
 The learner runs an :class:`ActorGateway`. Each remote actor opens one stream, says hello, and is
 given a slot: a block of environment rows in the learner's shared-memory transport, with a fresh
-run id (so the learner drops any state the slot had). The stream's handler thread then acts as
-that slot's local actor: it writes each step it receives into the slot's rows and waits for the
+run id (so the learner drops any state the slot had). The stream's handler then acts as that
+slot's local actor: it writes each step it receives into the slot's rows and waits for the
 actions like any shared-memory actor does. Remote and local actors therefore meet in the very
 same inference batches, and the inference server knows nothing of the network.
 
@@ -22,6 +22,7 @@ import hmac
 import json
 import logging
 import math
+import os
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -498,6 +499,4 @@ class GrpcActorClient:
 
 
 def _default_name() -> str:
-    import os
-
     return f"{socket.gethostname()}:{os.getpid()}"
