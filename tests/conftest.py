@@ -27,6 +27,18 @@ def no_leaks():
     assert not children, f"orphan processes: {[p.cmdline() for p in children]}"
 
 
+def interruptible() -> None:
+    """``preexec_fn`` for a child that a test stops with SIGINT, as Ctrl-C would.
+
+    A child inherits an ignored SIGINT from a parent started in the background by a shell
+    without job control (``cmd &`` in a script, as some CI runners do), and Python then never
+    raises KeyboardInterrupt; a terminal's Ctrl-C always finds the default. Restore it.
+    """
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def tiny_settings(run_dir: Path, **overrides) -> dict:
     """Settings for a short CartPole run that finishes in seconds."""
     settings = {

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import tiny_settings
+from tests.conftest import interruptible, tiny_settings
 
 
 def seedbed(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -145,6 +145,7 @@ def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, signum):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,
     )
     deadline = time.time() + 120
     while not (run / "metrics.csv").is_file() and time.time() < deadline:

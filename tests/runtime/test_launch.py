@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from seedbed.telemetry import read_metrics
+from tests.conftest import interruptible
 
 pytest.importorskip("ray", reason="Ray is the 'ray' extra (in dev)")
 pytestmark = pytest.mark.slow
@@ -46,6 +47,7 @@ def launch(run_dir, *flags: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,  # one test stops it with SIGINT
     )
 
 
