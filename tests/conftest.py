@@ -39,6 +39,35 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def finish(proc, timeout: float = 240) -> tuple[int, str, str]:
+    """Wait for a child started with text pipes; kill it and fail the test if it hangs."""
+    import subprocess
+
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"timed out; stderr: {err[-3000:]}")
+    return proc.returncode, out, err
+
+
+def wait_for_frames(run_dir: Path, frames: int, proc) -> None:
+    """Wait until the run in ``run_dir`` has logged ``frames``, while ``proc`` stays alive."""
+    import time
+
+    from seedbed.telemetry import read_metrics
+
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        metrics = read_metrics(run_dir) if (run_dir / "metrics.csv").is_file() else {}
+        if len(metrics.get("frames", [])) and metrics["frames"][-1] >= frames:
+            return
+        assert time.monotonic() < deadline, f"training never reached {frames} frames"
+        time.sleep(0.2)
+
+
 def tiny_settings(run_dir: Path, **overrides) -> dict:
     """Settings for a short CartPole run that finishes in seconds."""
     settings = {

@@ -11,8 +11,7 @@ import time
 import psutil
 import pytest
 
-from seedbed.telemetry import read_metrics
-from tests.conftest import interruptible
+from tests.conftest import finish, interruptible, wait_for_frames
 
 pytest.importorskip("ray", reason="Ray is the 'ray' extra (in dev)")
 pytestmark = pytest.mark.slow
@@ -49,28 +48,6 @@ def launch(run_dir, *flags: str) -> subprocess.Popen:
         text=True,
         preexec_fn=interruptible,  # one test stops it with SIGINT
     )
-
-
-def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"launch timed out: {err[-3000:]}")
-    return proc.returncode, out, err
-
-
-def wait_for_frames(run_dir, frames: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.communicate()
-        if (run_dir / "metrics.csv").is_file():
-            done = read_metrics(run_dir)["frames"]
-            if len(done) and done[-1] >= frames:
-                return
-        assert time.monotonic() < deadline, f"training never reached {frames} frames"
-        time.sleep(0.2)
 
 
 def test_launch_trains_and_leaves_nothing_behind(tmp_path, nothing_left_behind):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from seedbed.telemetry import read_metrics
+from tests.conftest import finish, wait_for_frames
 
 pytestmark = pytest.mark.slow
 
@@ -43,27 +43,6 @@ def learner(
         assert time.monotonic() < deadline, "the learner never started listening"
         time.sleep(0.1)
     return proc, address_file.read_text().strip()
-
-
-def wait_for_frames(run_dir: Path, frames: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.communicate()
-        metrics = read_metrics(run_dir) if (run_dir / "metrics.csv").is_file() else {}
-        if len(metrics.get("frames", [])) and metrics["frames"][-1] >= frames:
-            return
-        assert time.monotonic() < deadline, f"training never reached {frames} frames"
-        time.sleep(0.2)
-
-
-def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"timed out; stderr: {err[-2000:]}")
-    return proc.returncode, out, err
 
 
 def test_two_remote_actors_train_cartpole(tmp_path, no_leaks):
