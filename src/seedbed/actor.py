@@ -86,8 +86,9 @@ def run_remote_actor(
         job = client.assignment
         settings = AtariSettings(**job.settings) if job.settings else None
         log.info("acting in slot %d: %d x %s", job.slot, job.num_envs, job.env_id)
-        envs = make_vector_env(job.env_id, job.num_envs, job.seed, settings)
+        envs = None
         try:
+            envs = make_vector_env(job.env_id, job.num_envs, job.seed, settings)
             act(client, envs, job.seed)
         except LearnerStopped as e:
             return str(e)
@@ -95,4 +96,5 @@ def run_remote_actor(
             log.warning("%s; reconnecting", e)
         finally:
             client.close()
-            envs.close()
+            if envs is not None:
+                envs.close()

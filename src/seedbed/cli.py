@@ -112,12 +112,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from seedbed.launch import Placement, launch, resolve_run_dir
 
     layers = _settings_layers(args, skip=("ray", "actor_cpus", "learner_cpus"))
-    actors = resolve(layers).train.actors  # here: how many Ray actors
+    train = resolve(layers).train  # here --actors counts the Ray actors
     # Every actor is remote: the learner listens (on the cluster, launch widens it with a token).
-    layers.append({"actors": 0, "remote_actors": actors, "listen": "127.0.0.1:0"})
+    layers.append({"actors": 0, "remote_actors": train.actors, "listen": "127.0.0.1:0"})
     layers = resolve_run_dir(layers)  # validates all settings before Ray starts
-    device = resolve(layers).train.device
-    placement = Placement(actors, args.actor_cpus, args.learner_cpus, float(device == "cuda"))
+    gpus = float(train.device == "cuda")
+    placement = Placement(train.actors, args.actor_cpus, args.learner_cpus, gpus)
     signal.signal(signal.SIGTERM, _interrupt)
     address = None if args.ray == "local" else args.ray
     return _report(launch(layers, address, placement))

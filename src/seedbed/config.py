@@ -92,11 +92,7 @@ class TrainConfig:
             )
         if self.listen:
             check_address(self.listen, "--listen")
-            if self.token_file is None and not is_local_address(self.listen):
-                raise ConfigError(
-                    f"--listen {self.listen} accepts actors from other machines: give "
-                    "--token-file FILE holding a shared secret (e.g. `openssl rand -hex 32 > FILE`)"
-                )
+            check_token_needed(self.listen, self.token_file is not None)
             if self.remote_actors <= 0:
                 raise ConfigError(f"--remote-actors must be positive, got {self.remote_actors}")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -164,6 +160,15 @@ def is_local_address(address: str) -> bool:
         return True
     host = address.rsplit(":", 1)[0].strip("[]")
     return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
+
+
+def check_token_needed(address: str, has_token: bool) -> None:
+    """A one-line error when ``address`` listens beyond this host without a token."""
+    if not has_token and not is_local_address(address):
+        raise ConfigError(
+            f"--listen {address} accepts actors from other machines: give --token-file FILE "
+            "holding a shared secret (e.g. `openssl rand -hex 32 > FILE`)"
+        )
 
 
 def check_address(address: str, flag: str) -> None:

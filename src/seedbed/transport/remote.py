@@ -33,7 +33,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from seedbed.config import is_local_address
+from seedbed.config import check_token_needed
 from seedbed.errors import ConfigError, SeedbedError
 from seedbed.transport.proto import actor_pb2 as pb
 
@@ -171,11 +171,7 @@ class ActorGateway:
         token: bytes | None = None,
         tls: tuple[bytes, bytes] | None = None,
     ) -> None:
-        if token is None and not is_local_address(address):
-            raise ConfigError(
-                f"--listen {address} accepts actors from other machines: give --token-file "
-                "FILE holding a shared secret (e.g. made with `openssl rand -hex 32 > FILE`)"
-            )
+        check_token_needed(address, token is not None)
         self._token = token.strip() if token else None
         self._connect = connect
         self._assign = assign
