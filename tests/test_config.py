@@ -41,6 +41,19 @@ def test_saved_config_round_trips():
         ({"device": "tpu"}, "--device: invalid value 'tpu'"),
         ({"agent": "ppo"}, "unknown agent 'ppo'"),
         ({"resume": True}, "--resume needs --run-dir"),
+        (
+            {"agent": "dqn", "replay_capacity": 1000, "min_replay": 5000},
+            "--replay-capacity (1000) is below --min-replay (5000)",
+        ),
+        (
+            {"agent": "dqn", "replay_capacity": 100, "min_replay": 100},
+            "holds 98 items in whole unrolls of 14",  # unroll 16, n-step 3
+        ),
+        ({"agent": "dqn", "unroll": 2}, "--unroll (2) must be >= --n-step (3)"),
+        ({"agent": "dqn", "replay_ratio": 0}, "--replay-ratio must be positive or none"),
+        ({"agent": "r2d2", "burn_in": 16}, "--burn-in (16) must be shorter than"),
+        ({"agent": "r2d2", "sequence_overlap": 16}, "--sequence-overlap (16) must be >= 0"),
+        ({"agent": "r2d2", "priority_eta": 2}, "--priority-eta and --epsilon-base must lie"),
     ],
 )
 def test_bad_settings_give_one_line_errors(layer, message):

@@ -119,11 +119,6 @@ class TrainConfig:
             raise ConfigError(f"--sticky-actions must lie in [0, 1], got {self.sticky_actions}")
         if self.threads < 0 or self.max_actor_restarts < 0 or self.noop_max < 0:
             raise ConfigError("--threads, --max-actor-restarts and --noop-max must be >= 0")
-        if self.queue_size < self.batch:
-            raise ConfigError(
-                f"--queue-size ({self.queue_size}) must be >= --batch ({self.batch}), "
-                "or the learner could never take a full batch"
-            )
         if self.resume and not self.run_dir:
             raise ConfigError("--resume needs --run-dir naming the run to continue")
 
@@ -334,6 +329,7 @@ class RunConfig:
     def validate(self) -> None:
         self.train.validate()
         self.agent.validate()
+        self.agent.check_run(self.train)  # what the agent needs of the run's layout
 
 
 # Run settings whose defaults differ by environment family. They sit above the dataclass
@@ -365,17 +361,18 @@ def resolve(layers: list[dict[str, Any]]) -> RunConfig:
     """Merge setting layers (earlier ones lose) into a validated RunConfig.
 
     Each layer maps names to values; a layer may hold agent settings flat or nested under the
-    agent's name, as ``config.yaml`` does. The defaults of the environment's family come first.
+    agent's name, as ``config.yaml`` does. The defaults of the environment's family come first,
+    then the agent's own run defaults for that family.
     """
-    from seedbed.agents import AGENTS, config_class, family_defaults  # no torch: config only
+    from seedbed.agents import AGENTS, config_class, family_defaults, run_defaults  # no torch
 
     train_names = {f.name for f in dataclasses.fields(TrainConfig)}
     train_values: dict[str, Any] = {}
     for layer in layers:
         train_values.update({k: v for k, v in layer.items() if k in train_names})
     family = env_family(str(train_values.get("env", TrainConfig.env)))
-    train_values = {**FAMILY_DEFAULTS[family], **train_values}
     agent_name = train_values.get("agent", TrainConfig.agent)
+    train_values = {**FAMILY_DEFAULTS[family], **run_defaults(agent_name, family), **train_values}
     agent_cls = config_class(agent_name)
     agent_names = {f.name for f in dataclasses.fields(agent_cls)}
     agent_values: dict[str, Any] = dict(family_defaults(agent_name, family))

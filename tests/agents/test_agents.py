@@ -18,12 +18,14 @@ SPEC = EnvSpec("test", (5,), "float32", 3)
 
 
 def collect(agent, num_envs: int = 4, unroll: int = 6):
-    """Unrolls from acting on random observations with random rewards and episode ends."""
-    builder = UnrollBuilder(num_envs, unroll)
+    """Unrolls from acting on random observations with random rewards and episode ends, cut as
+    the agent cuts them."""
+    length, overlap = agent.unroll_layout(unroll)
+    builder = UnrollBuilder(num_envs, length, overlap)
     net, state = agent.acting_network(), agent.initial_state(num_envs)
     ids = torch.arange(num_envs)
     prev = torch.zeros(num_envs, dtype=torch.int64)
-    for t in range(unroll + 1):
+    for t in range(length + 1):
         done = torch.rand(num_envs) < 0.2 if t else torch.ones(num_envs, dtype=torch.bool)
         step = StepInput(torch.randn(num_envs, 5), prev, torch.randn(num_envs), done, ids)
         out = agent.act(net, step, state)

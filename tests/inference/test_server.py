@@ -22,7 +22,7 @@ def make_server(lstm: bool = True, unroll: int = 2, frames_per_step: int = 1):
     transport = InProcessServer(num_actors=1, envs_per_actor=2)
     queue = UnrollQueue(100)
     server = InferenceServer(
-        agent, transport, queue, 2, unroll, 2, 0.0, "cpu", frames_per_step=frames_per_step
+        agent, transport, queue, 2, (unroll, 1), 2, 0.0, "cpu", frames_per_step=frames_per_step
     )
     return server, transport, queue
 

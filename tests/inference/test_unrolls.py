@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from seedbed.inference.unrolls import UnrollBuilder
@@ -29,6 +30,27 @@ def test_consecutive_unrolls_share_one_step():
         assert u.steps["obs"].shape == (4, 1, 2)
         assert u.initial_state[0][0].tolist() == [100.0 + first] * 3  # state before step 0
         assert u.policy_version.tolist() == [first]
+
+
+@pytest.mark.parametrize("overlap", [2, 4])
+def test_consecutive_unrolls_share_overlap_steps_with_their_state(overlap):
+    # Replay agents' sequences: unrolls of 5 + 1 steps, a new one every 6 - overlap steps.
+    b = UnrollBuilder(num_envs=1, unroll_length=5, overlap=overlap)
+    ids = torch.tensor([0])
+    out = [b.append(ids, step([t]), state([100 + t]), version=t) for t in range(20)]
+    full = [u for u in out if u is not None]
+    stride = 6 - overlap
+    assert len(full) == 1 + (20 - 6) // stride
+    for k, u in enumerate(full):
+        first = stride * k
+        assert u.steps["action"][:, 0].tolist() == list(range(first, first + 6))
+        assert u.initial_state[0][0].tolist() == [100.0 + first] * 3  # state before step 0
+        assert u.policy_version.tolist() == [first]
+
+
+def test_overlap_must_leave_new_steps():
+    with pytest.raises(ValueError, match="overlap"):
+        UnrollBuilder(num_envs=1, unroll_length=3, overlap=4)
 
 
 def test_episode_ends_stay_in_place():

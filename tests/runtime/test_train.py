@@ -90,6 +90,30 @@ def test_vtrace_solves_cartpole_within_budget(tmp_path, no_leaks):
     assert summary["target_reached_frames"] <= 1_500_000
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("agent", "budget", "overrides"),
+    [
+        ("dqn", 300_000, {}),
+        # Fewer envs than the default's 64: more of them act near-greedily sooner.
+        ("r2d2", 600_000, {"envs_per_actor": 16}),
+    ],
+)
+def test_replay_agent_solves_cartpole_within_budget(tmp_path, no_leaks, agent, budget, overrides):
+    settings = {
+        "agent": agent,
+        "run_dir": str(tmp_path / "run"),
+        "progress": False,
+        "target_return": 195.0,
+        "total_frames": budget,
+        **overrides,
+    }
+    summary = train(resolve([settings]))
+    assert summary["stop_reason"] == "target_return", summary
+    assert summary["target_reached_frames"] <= budget
+    assert summary["learner_steps"] > 0 and summary["replay"]["sampled"] > 0
+
+
 def test_lstm_run_completes(tmp_path, no_leaks):
     summary = train(resolve([tiny_settings(tmp_path / "run", lstm=True)]))
     assert summary["stop_reason"] == "total_frames" and summary["learner_steps"] > 0

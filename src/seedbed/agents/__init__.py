@@ -11,7 +11,7 @@ from typing import Any
 
 from seedbed.errors import ConfigError
 
-AGENTS = ("vtrace",)
+AGENTS = ("vtrace", "dqn", "r2d2")
 
 
 def check_agent(name: str) -> None:
@@ -33,8 +33,23 @@ def family_defaults(name: str, family: str) -> dict[str, Any]:
     return getattr(module, "FAMILY_DEFAULTS", {}).get(family, {})
 
 
-def make_agent(name: str, env_spec: Any, config: Any, device: Any) -> Any:
-    """Build agent ``name`` (its networks and optimizer) for ``env_spec`` on ``device``."""
+def run_defaults(name: str, family: str) -> dict[str, Any]:
+    """Run settings (batch, unroll, ...) whose defaults agent ``name`` changes for a family:
+    a batch counts unrolls for V-trace but transitions for DQN, so their best sizes differ."""
+    check_agent(name)
+    module = importlib.import_module(f"seedbed.agents.{name}.config")
+    return getattr(module, "RUN_DEFAULTS", {}).get(family, {})
+
+
+def make_agent(
+    name: str, env_spec: Any, config: Any, device: Any, num_envs: int | None = None
+) -> Any:
+    """Build agent ``name`` (its networks and optimizer) for ``env_spec`` on ``device``.
+
+    ``num_envs`` is how many environments central inference acts for (agents that explore
+    per environment need it); None builds an agent for evaluation, which acts greedily where
+    the agent's policy is not itself stochastic.
+    """
     check_agent(name)
     module = importlib.import_module(f"seedbed.agents.{name}.learning")
-    return module.AGENT_CLASS(env_spec, config, device)
+    return module.AGENT_CLASS(env_spec, config, device, num_envs)

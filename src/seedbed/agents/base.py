@@ -2,12 +2,16 @@
 
 The call loop, in the order the runtime uses it::
 
-    agent = make_agent(name, env_spec, config, device)   # networks and optimizer
+    agent = make_agent(name, env_spec, config, device, num_envs)  # networks and optimizer
+    buffer = agent.make_buffer(unroll, queue_size, batch, seed)   # FIFO or prioritized replay
+    length, overlap = agent.unroll_layout(unroll)         # how unrolls are cut
     net = agent.acting_network()                          # a copy that inference acts with
     state = agent.initial_state(num_envs)                 # per-env recurrent state
     out = agent.act(net, step, state_rows)                # central inference, no grad
-    ...unrolls of T+1 steps are built from ``step`` and ``out``...
+    ...unrolls of length+1 steps are built from ``step`` and ``out`` and put in ``buffer``...
+    batch = buffer.get(batch_size)                        # the next unrolls, or a sample
     metrics = agent.learn(batch)                          # one learner update
+    buffer.learned(batch)                                 # replay takes the new priorities
     copy_parameters(agent.network, net)                   # inference acts with the newest
     agent.state_dict() / agent.load_state_dict(...)       # checkpoints
 
@@ -17,6 +21,7 @@ many actors, or replicated.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any, Protocol
 
@@ -50,6 +55,21 @@ class ActOutput:
 
 
 @dataclasses.dataclass
+class ReplayInfo:
+    """Where a batch sampled from prioritized replay came from, and what the learner says back.
+
+    The learner scales each item's loss by ``weights`` (importance sampling) and sets
+    ``priorities``; the replay then stores them for ``indices``, unless those items were
+    overwritten meanwhile (``generations`` tells).
+    """
+
+    indices: torch.Tensor  # [B] int64 item indices in the replay
+    weights: torch.Tensor  # [B] float32 importance-sampling weights, largest 1
+    generations: torch.Tensor  # [B] int64, how often each item's row had been written
+    priorities: torch.Tensor | None = None  # [B] float, set by the agent's learn()
+
+
+@dataclasses.dataclass
 class Unrolls:
     """B unrolls of T+1 steps each, time-major; step t+1 holds what followed step t's action.
 
@@ -61,6 +81,7 @@ class Unrolls:
     steps: dict[str, torch.Tensor]
     initial_state: State  # recurrent state before step 0, each [B, ...]
     policy_version: torch.Tensor  # [B] int64, learner version that acted each unroll's first step
+    replay: ReplayInfo | None = None  # set on batches sampled from prioritized replay
 
     @property
     def batch_size(self) -> int:
@@ -71,6 +92,7 @@ class Unrolls:
             {k: v.to(device, non_blocking=True) for k, v in self.steps.items()},
             tuple(s.to(device, non_blocking=True) for s in self.initial_state),
             self.policy_version,
+            self.replay,
         )
 
 
@@ -78,6 +100,11 @@ class Agent(Protocol):
     """What inference and the learner call; see the module docstring for the order."""
 
     network: torch.nn.Module
+    metric_names: tuple[str, ...]  # the keys learn() returns: the metrics' CSV columns
+
+    def unroll_layout(self, unroll: int) -> tuple[int, int]: ...
+
+    def make_buffer(self, unroll: int, queue_size: int, batch: int, seed: int) -> Any: ...
 
     def acting_network(self) -> torch.nn.Module: ...
 
@@ -99,3 +126,31 @@ def copy_parameters(src: torch.nn.Module, dst: torch.nn.Module) -> None:
         d.copy_(s, non_blocking=True)
     for s, d in zip(src.buffers(), dst.buffers(), strict=True):
         d.copy_(s, non_blocking=True)
+
+
+def acting_copy(network: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of ``network`` for inference, so acting never reads a half-applied update."""
+    net = copy.deepcopy(network)
+    net.requires_grad_(False)
+    return net
+
+
+def optimizer_step(
+    network: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    terms: dict[str, torch.Tensor],
+    max_grad_norm: float | None,
+) -> dict[str, float]:
+    """Minimise the sum of the loss ``terms`` by one step; return them, the total and the
+    gradient norm (before clipping to ``max_grad_norm``, where one is set) as floats."""
+    loss = sum(terms.values())
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    params = network.parameters()
+    limit = float("inf") if max_grad_norm is None else max_grad_norm
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, limit)
+    optimizer.step()
+    metrics = {name: float(value.detach()) for name, value in terms.items()}
+    metrics["loss"] = float(loss.detach())
+    metrics["grad_norm"] = float(grad_norm)
+    return metrics

@@ -16,7 +16,7 @@ import torch
 
 from seedbed.agents.base import Agent, StepInput, copy_parameters
 from seedbed.inference.unrolls import UnrollBuilder
-from seedbed.replay import UnrollQueue
+from seedbed.replay import PrioritizedReplay, UnrollQueue
 from seedbed.telemetry import Stopwatch
 from seedbed.transport.base import Request, ServerTransport
 
@@ -42,9 +42,9 @@ class InferenceServer:
         self,
         agent: Agent,
         transport: ServerTransport,
-        queue: UnrollQueue,
+        queue: UnrollQueue | PrioritizedReplay,
         num_envs: int,
-        unroll_length: int,
+        unroll_layout: tuple[int, int],
         max_batch: int,
         timeout_s: float,
         device: torch.device,
@@ -57,7 +57,7 @@ class InferenceServer:
         self.max_batch = min(max_batch, num_envs)
         self.timeout_s = timeout_s
         self.device = torch.device(device)
-        self.builder = UnrollBuilder(num_envs, unroll_length)
+        self.builder = UnrollBuilder(num_envs, *unroll_layout)  # steps, steps shared
         self.net = agent.acting_network()
         self.version = 0
         self.stats = InferenceStats()

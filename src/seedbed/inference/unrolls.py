@@ -2,8 +2,10 @@
 
 Each environment has a row in preallocated buffers ``[num_envs, T+1, ...]`` and a write position.
 Appending a step for a set of environments is one indexed write per field; the environments whose
-unroll filled are cut out together as one batch, and their last step is copied to position 0 so
-consecutive unrolls share it (it bootstraps the first, and starts the second).
+unroll filled are cut out together as one batch, and their last ``overlap`` steps are copied to
+the front so consecutive unrolls share them. With one shared step (V-trace) the last step
+bootstraps the first unroll and starts the second; replay agents share more (R2D2's sequences
+overlap by their burn-in and more, DQN's by its n-step window).
 """
 
 from __future__ import annotations
@@ -16,12 +18,17 @@ from seedbed.agents.base import State, Unrolls
 class UnrollBuilder:
     """Assembles unrolls from steps that arrive for arbitrary subsets of environments."""
 
-    def __init__(self, num_envs: int, unroll_length: int) -> None:
+    def __init__(self, num_envs: int, unroll_length: int, overlap: int = 1) -> None:
+        if not 1 <= overlap <= unroll_length:
+            raise ValueError(f"overlap must lie in [1, {unroll_length}], got {overlap}")
         self.num_envs = num_envs
         self.length = unroll_length + 1  # steps stored per unroll
+        self.overlap = overlap
         self._buffers: dict[str, torch.Tensor] = {}
-        self._start_state: State | None = None
-        self._start_version = torch.zeros(num_envs, dtype=torch.int64)
+        # The recurrent state and parameter version before each stored step: an unroll that
+        # starts at a shared step needs them.
+        self._states: State = ()
+        self._versions = torch.zeros(num_envs, self.length, dtype=torch.int64)
         self._pos = torch.zeros(num_envs, dtype=torch.int64)
 
     def reset(self, env_ids: torch.Tensor) -> None:
@@ -32,8 +39,8 @@ class UnrollBuilder:
         for key, value in step.items():
             shape = (self.num_envs, self.length, *value.shape[1:])
             self._buffers[key] = torch.zeros(shape, dtype=value.dtype)
-        self._start_state = tuple(
-            torch.zeros((self.num_envs, *s.shape[1:]), dtype=s.dtype) for s in state
+        self._states = tuple(
+            torch.zeros((self.num_envs, self.length, *s.shape[1:]), dtype=s.dtype) for s in state
         )
 
     def append(
@@ -50,11 +57,11 @@ class UnrollBuilder:
         if not self._buffers:
             self._allocate(step, state)
         pos = self._pos[env_ids]
-        starting = pos == 0
-        if starting.any():
-            self._mark_start(env_ids[starting], tuple(s[starting] for s in state), version)
         for key, value in step.items():
             self._buffers[key][env_ids, pos] = value
+        for table, rows in zip(self._states, state, strict=True):
+            table[env_ids, pos] = rows
+        self._versions[env_ids, pos] = version
         pos += 1
         self._pos[env_ids] = pos
         full = pos == self.length
@@ -63,17 +70,12 @@ class UnrollBuilder:
         done_ids = env_ids[full]
         unrolls = Unrolls(
             {key: buf[done_ids].transpose(0, 1) for key, buf in self._buffers.items()},
-            tuple(s[done_ids] for s in self._start_state),
-            self._start_version[done_ids],
+            tuple(table[done_ids, 0] for table in self._states),
+            self._versions[done_ids, 0],
         )
-        # The last step opens the next unroll; the state before it is its initial state.
-        for buf in self._buffers.values():
-            buf[done_ids, 0] = buf[done_ids, -1]
-        self._mark_start(done_ids, tuple(s[full] for s in state), version)
-        self._pos[done_ids] = 1
+        # The last steps open the next unroll, with the state and version from before them.
+        shared = slice(self.length - self.overlap, self.length)
+        for buf in (*self._buffers.values(), *self._states, self._versions):
+            buf[done_ids, : self.overlap] = buf[done_ids, shared]
+        self._pos[done_ids] = self.overlap
         return unrolls
-
-    def _mark_start(self, env_ids: torch.Tensor, state: State, version: int) -> None:
-        for table, rows in zip(self._start_state, state, strict=True):
-            table[env_ids] = rows
-        self._start_version[env_ids] = version

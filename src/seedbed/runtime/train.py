@@ -27,7 +27,7 @@ from seedbed.config import RunConfig
 from seedbed.envs import make_spec
 from seedbed.errors import SeedbedError
 from seedbed.inference.server import InferenceServer
-from seedbed.replay import UnrollQueue
+from seedbed.replay import PrioritizedReplay, UnrollQueue
 from seedbed.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from seedbed.runtime.supervisor import ActorSupervisor
 from seedbed.telemetry import (
@@ -65,7 +65,7 @@ class TrainingRun:
         self.spec = make_spec(cfg.env, cfg.atari_settings())
         self.secrets = self._read_secrets()
         torch.manual_seed(cfg.seed)  # before the networks exist: the seed fixes their init too
-        self.agent = make_agent(cfg.agent, self.spec, config.agent, self.device)
+        self.agent = make_agent(cfg.agent, self.spec, config.agent, self.device, cfg.num_envs)
         self.window = EpisodeWindow(100)
         self.frames = self.learner_steps = 0
         self.wall_offset = 0.0
@@ -76,6 +76,7 @@ class TrainingRun:
         self.checkpoints = self.run_dir / "checkpoints"
         self.supervisor: ActorSupervisor | None = None  # set while running
         self.server: InferenceServer | None = None
+        self.buffer: UnrollQueue | PrioritizedReplay | None = None
         self.gateway: ActorGateway | None = None
         self.actor_times = np.zeros((0, 2))  # per actor slot: stepping envs, waiting
         self.stopwatch = Stopwatch()  # the learner thread's time
@@ -143,7 +144,7 @@ class TrainingRun:
         """Train until the target return, the frame budget, an error or Ctrl-C; return summary."""
         cfg = self.config.train
         ctx = multiprocessing.get_context("spawn")
-        queue = UnrollQueue(cfg.queue_size)
+        queue = self.agent.make_buffer(cfg.unroll, cfg.queue_size, cfg.batch, cfg.seed)
         transport = SharedMemoryServer(
             cfg.num_slots, cfg.envs_per_actor, self.spec.obs_shape, self.spec.obs_dtype, ctx
         )
@@ -152,7 +153,7 @@ class TrainingRun:
             transport,
             queue,
             cfg.num_envs,
-            cfg.unroll,
+            self.agent.unroll_layout(cfg.unroll),
             cfg.inference_batch,
             cfg.inference_timeout_ms / 1000.0,
             self.device,
@@ -177,6 +178,7 @@ class TrainingRun:
         stop = threading.Event()
         serving = threading.Thread(target=server.serve, args=(stop,), name="inference", daemon=True)
         self.supervisor, self.server, self.gateway = supervisor, server, gateway
+        self.buffer = queue
         logger = RunLogger(
             self.run_dir,
             total_frames=cfg.total_frames,
@@ -248,7 +250,7 @@ class TrainingRun:
 
     def _loop(self, queue, server, supervisor, logger, start: float) -> str:
         cfg = self.config.train
-        acc = _Window(self.wall_offset)
+        acc = _Window(self.wall_offset, self.agent.metric_names)
         next_log = next_ckpt = time.perf_counter()
         next_ckpt += cfg.checkpoint_every_s
         watch = self.stopwatch
@@ -256,7 +258,9 @@ class TrainingRun:
             batch = queue.get(cfg.batch, timeout=0.05)
             watch.lap("waiting_for_batch")
             if batch is not None:
-                metrics = self.agent.learn(batch.to(self.device))
+                batch = batch.to(self.device)
+                metrics = self.agent.learn(batch)
+                queue.learned(batch)
                 watch.lap("learning")
                 self.learner_steps += 1
                 server.publish(self.agent.network, self.learner_steps)
@@ -345,6 +349,8 @@ class TrainingRun:
             "learner_steps": self.learner_steps,
             "actor_restarts": self.supervisor.restarts if self.supervisor else 0,
             "remote_actors": self._remote_summary(),
+            # Off-policy agents: items stored, inserted and sampled (replay is not checkpointed).
+            "replay": self.buffer.stats() if isinstance(self.buffer, PrioritizedReplay) else None,
             "target_return": cfg.target_return,
             "target_reached_frames": (self.target_reached or {}).get("frames"),
             "target_reached_wall_s": (self.target_reached or {}).get("wall_s"),
@@ -386,7 +392,8 @@ class TrainingRun:
 class _Window:
     """Learner metrics averaged over one logging interval."""
 
-    def __init__(self, wall_s: float) -> None:
+    def __init__(self, wall_s: float, keys: tuple[str, ...]) -> None:
+        self._keys = (*keys, "policy_lag")  # fixed up front: they are the CSV's columns
         self._sums: dict[str, float] = {}
         self._count = 0
         self._last_wall = wall_s
@@ -397,10 +404,9 @@ class _Window:
         self._count += 1
 
     def take(self) -> dict[str, float | None]:
-        keys = ("loss", "loss_policy", "loss_baseline", "loss_entropy", "grad_norm", "policy_lag")
         row = {
             k: (self._sums[k] / self._count if self._count and k in self._sums else None)
-            for k in keys
+            for k in self._keys
         }
         self._sums, self._count = {}, 0
         return row

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 from seedbed.config import setting
 from seedbed.errors import ConfigError
@@ -62,6 +62,14 @@ class VTraceConfig:
             raise ConfigError("--baseline-cost and --entropy-cost must be >= 0")
         if not self.hidden_sizes or min(self.hidden_sizes) <= 0:
             raise ConfigError("--hidden-sizes needs one or more positive widths, e.g. 64,64")
+
+    def check_run(self, train: Any) -> None:
+        """Raise ConfigError where the run's layout cannot work with this agent."""
+        if train.queue_size < train.batch:
+            raise ConfigError(
+                f"--queue-size ({train.queue_size}) must be >= --batch ({train.batch}), "
+                "or the learner could never take a full batch"
+            )
 
 
 CONFIG_CLASS = VTraceConfig

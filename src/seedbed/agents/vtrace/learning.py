@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
-from seedbed.agents.base import ActOutput, State, StepInput, Unrolls
+from seedbed.agents.base import (
+    ActOutput,
+    State,
+    StepInput,
+    Unrolls,
+    acting_copy,
+    optimizer_step,
+)
 from seedbed.agents.vtrace.config import VTraceConfig
 from seedbed.agents.vtrace_targets import vtrace_from_logits
 from seedbed.envs import EnvSpec
 from seedbed.nets import ActorCriticNet, make_actor_critic, torso_dtype
+from seedbed.replay import UnrollQueue
 
 
 def make_networks(
@@ -90,7 +97,15 @@ def vtrace_loss(
 class VTraceAgent:
     """Acts by sampling the softmax policy; learns with V-trace-corrected actor-critic updates."""
 
-    def __init__(self, env_spec: EnvSpec, config: VTraceConfig, device: torch.device) -> None:
+    metric_names = ("loss", "loss_policy", "loss_baseline", "loss_entropy", "grad_norm")
+
+    def __init__(
+        self,
+        env_spec: EnvSpec,
+        config: VTraceConfig,
+        device: torch.device,
+        num_envs: int | None = None,
+    ) -> None:
         self.config = config
         self.device = torch.device(device)
         self.network = make_networks(env_spec, config, self.device).to(self.device)
@@ -104,11 +119,16 @@ class VTraceAgent:
                 params, lr=config.lr, alpha=config.rmsprop_alpha, eps=config.rmsprop_eps
             )
 
+    def unroll_layout(self, unroll: int) -> tuple[int, int]:
+        """Unrolls of ``unroll`` steps; consecutive ones share one (it bootstraps the first)."""
+        return unroll, 1
+
+    def make_buffer(self, unroll: int, queue_size: int, batch: int, seed: int) -> UnrollQueue:
+        """On-policy: a FIFO of at most ``queue_size`` unrolls, learned from once each."""
+        return UnrollQueue(queue_size)
+
     def acting_network(self) -> ActorCriticNet:
-        """A copy of the network for inference, so acting never reads a half-applied update."""
-        net = copy.deepcopy(self.network)
-        net.requires_grad_(False)
-        return net
+        return acting_copy(self.network)
 
     def initial_state(self, batch_size: int) -> State:
         return self.network.initial_state(batch_size, self.device)
@@ -127,22 +147,7 @@ class VTraceAgent:
     def learn(self, batch: Unrolls) -> dict[str, float]:
         """One optimizer step on ``batch``; returns the loss terms and diagnostics."""
         terms = vtrace_loss(self.network, batch, self.config)
-        loss = sum(terms.values())
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.config.max_grad_norm is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                self.network.parameters(), self.config.max_grad_norm
-            )
-        else:
-            grad_norm = torch.nn.utils.get_total_norm(
-                [p.grad for p in self.network.parameters() if p.grad is not None]
-            )
-        self.optimizer.step()
-        metrics = {name: float(value.detach()) for name, value in terms.items()}
-        metrics["loss"] = float(loss.detach())
-        metrics["grad_norm"] = float(grad_norm)
-        return metrics
+        return optimizer_step(self.network, self.optimizer, terms, self.config.max_grad_norm)
 
     def state_dict(self) -> dict[str, Any]:
         return {"network": self.network.state_dict(), "optimizer": self.optimizer.state_dict()}

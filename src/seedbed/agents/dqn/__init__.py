@@ -1,0 +1,1 @@
+"""DQN: double, dueling, n-step Q-learning from prioritized replay (no recurrence)."""
