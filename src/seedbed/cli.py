@@ -1,4 +1,4 @@
-"""The ``seedbed`` command: ``train``, ``eval``, ``launch``, ``actor`` and ``plot``.
+"""The ``seedbed`` command: ``train``, ``eval``, ``launch``, ``actor``, ``plot`` and ``replicate``.
 
 Only argument parsing lives here; each command resolves its settings and hands them to the
 runtime. Heavy imports (torch) happen inside the commands so that ``--help`` is instant.
@@ -206,6 +206,32 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replicate_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "replicate",
+        help="run a Python script as N replicas on this machine (seedbed.replicate)",
+        description="Run SCRIPT in N processes, each a replica that Replicator() joins (gloo on "
+        "CPUs, NCCL on GPUs). If one fails, all stop and its error is shown. Across machines, "
+        "use torchrun instead (see seedbed.replicate).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("-n", "--replicas", type=int, default=2, metavar="N", help="replicas")
+    p.add_argument(
+        "--timeout", type=float, default=60.0, metavar="S", help="how long a collective waits"
+    )
+    p.add_argument("script", help="the Python script each replica runs")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    p.set_defaults(command=cmd_replicate)
+
+
+def cmd_replicate(args: argparse.Namespace) -> int:
+    from seedbed.replicate import run_script
+
+    signal.signal(signal.SIGTERM, _interrupt)  # stop the replicas as Ctrl-C does
+    run_script(args.script, args.args, args.replicas, args.timeout)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="seedbed",
@@ -219,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     _launch_parser(subparsers)
     _actor_parser(subparsers)
     _plot_parser(subparsers)
+    _replicate_parser(subparsers)
     return parser
 
 
