@@ -41,6 +41,7 @@ def test_saved_config_round_trips():
         ({"device": "tpu"}, "--device: invalid value 'tpu'"),
         ({"agent": "ppo"}, "unknown agent 'ppo'"),
         ({"resume": True}, "--resume needs --run-dir"),
+        ({"country": "xx"}, "--country must be a 3-letter ISO code like USA or FRA, got 'xx'"),
         (
             {"agent": "dqn", "replay_capacity": 1000, "min_replay": 5000},
             "--replay-capacity (1000) is below --min-replay (5000)",

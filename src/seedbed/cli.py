@@ -59,10 +59,22 @@ def _report(summary: dict[str, Any]) -> int:
             f"{summary['target_reached_wall_s']:.1f} s"
         )
     print(f"frames are {summary['frames_counted_as']}")
+    if summary.get("energy"):
+        print(_energy_line(summary["energy"]))
     print(f"run directory: {summary['run_dir']}")
     if "curve" in summary:
         print(f"learning curve: {summary['curve']}")
     return {"error": 1, "interrupted": 130}.get(summary["stop_reason"], 0)
+
+
+def _energy_line(energy: dict[str, Any]) -> str:
+    """E.g. ``energy: 0.0012 kWh, 0.00046 kg CO2e (USA grid; estimated: ...)``."""
+    kwh, kg = energy["energy_kwh"], energy["emissions_kg_co2e"]
+    how = energy["method"] if energy["power"] == "measured" else f"estimated: {energy['caveat']}"
+    return (
+        f"energy: {'n/a' if kwh is None else f'{kwh:.4g}'} kWh, "
+        f"{'n/a' if kg is None else f'{kg:.3g}'} kg CO2e ({energy['country']} grid; {how})"
+    )
 
 
 def _train_parser(subparsers: Any) -> None:

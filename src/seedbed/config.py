@@ -82,6 +82,11 @@ class TrainConfig:
     screen_size: int = setting(84, "observations are screen-size x screen-size grayscale")
     max_episode_frames: int = setting(108_000, "cut episodes after this many emulator frames")
     terminal_on_life_loss: bool = setting(False, "end the episode when a life is lost")
+    # Energy and carbon of the run (seedbed.energy); USA is CodeCarbon's own fallback country.
+    energy: bool = setting(True, "measure energy and carbon with CodeCarbon (offline, no files)")
+    country: str = setting(
+        "USA", "ISO 3166 alpha-3 country code for the carbon intensity of the grid (e.g. FRA)"
+    )
 
     def validate(self) -> None:
         """Raise ConfigError on a value that cannot work."""
@@ -119,6 +124,10 @@ class TrainConfig:
             raise ConfigError(f"--sticky-actions must lie in [0, 1], got {self.sticky_actions}")
         if self.threads < 0 or self.max_actor_restarts < 0 or self.noop_max < 0:
             raise ConfigError("--threads, --max-actor-restarts and --noop-max must be >= 0")
+        if not (len(self.country) == 3 and self.country.isascii() and self.country.isalpha()):
+            raise ConfigError(
+                f"--country must be a 3-letter ISO code like USA or FRA, got {self.country!r}"
+            )
         if self.resume and not self.run_dir:
             raise ConfigError("--resume needs --run-dir naming the run to continue")
 

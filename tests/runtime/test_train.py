@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import os
 import threading
 import time
 
@@ -15,6 +16,9 @@ from seedbed.evaluate import evaluate
 from seedbed.runtime.checkpoint import list_checkpoints
 from seedbed.runtime.train import TrainingRun, train
 from tests.conftest import tiny_settings
+
+# What CodeCarbon writes when left to its defaults; seedbed must write none of them.
+CODECARBON_FILES = {"emissions.csv", "powermetrics_log.txt", ".codecarbon.lock"}
 
 
 def rows(run_dir):
@@ -42,6 +46,20 @@ def test_run_directory_holds_everything(tmp_path, no_leaks):
         assert key in saved
     assert saved["target_reached_frames"] is None  # no target set
     assert int(rows(run)[-1]["frames"]) > 0
+    energy = saved["energy"]
+    assert energy["energy_kwh"] >= 0.0 and isinstance(energy["energy_kwh"], float)
+    assert energy["emissions_kg_co2e"] >= 0.0 and isinstance(energy["emissions_kg_co2e"], float)
+    assert energy["country"] == "USA" and energy["method"]
+    assert energy["power"] in {"measured", "estimated"}
+    assert isinstance(energy["caveat"], str) == (energy["power"] == "estimated")
+    assert not CODECARBON_FILES & {p.name for p in run.rglob("*")}
+    assert not CODECARBON_FILES & set(os.listdir())
+
+
+def test_energy_off_leaves_it_out(tmp_path, no_leaks):
+    summary = train(resolve([tiny_settings(tmp_path / "run", total_frames=500, energy=False)]))
+    assert summary["energy"] is None
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["energy"] is None
 
 
 def test_resume_continues_frames_steps_and_metrics(tmp_path, no_leaks):

@@ -24,6 +24,7 @@ from rich.console import Console
 from seedbed.actor import run_actor
 from seedbed.agents import make_agent
 from seedbed.config import RunConfig
+from seedbed.energy import EnergyMeter
 from seedbed.envs import make_spec
 from seedbed.errors import SeedbedError
 from seedbed.inference.server import InferenceServer
@@ -70,6 +71,7 @@ class TrainingRun:
         self.frames = self.learner_steps = 0
         self.wall_offset = 0.0
         self.target_reached: dict[str, float] | None = None
+        self.energy: dict[str, Any] | None = None  # this session's, from EnergyMeter.stop()
         resume_from = self._prepare_run_dir()
         if resume_from is not None:
             self._restore(resume_from)
@@ -187,9 +189,12 @@ class TrainingRun:
             console=self.console,
         )
         reason, error = "error", None
+        meter = EnergyMeter(cfg.country, enabled=cfg.energy)
         start = time.perf_counter()
-        self.started_at = time.time()
         try:
+            meter.start()  # this session only: a resumed run measures from here
+            start = time.perf_counter()  # the wall clock leaves out the meter's ~1 s start
+            self.started_at = time.time()
             supervisor.start()
             serving.start()
             if gateway is not None:
@@ -209,6 +214,7 @@ class TrainingRun:
             if gateway is not None:
                 gateway.stop()
             logger.close()
+            self.energy = meter.stop()
         summary = self._finish(reason, time.perf_counter() - start)
         if error is not None:
             raise error
@@ -357,6 +363,7 @@ class TrainingRun:
             "device": str(self.device),
             "torso_dtype": None if dtype is None else str(dtype).removeprefix("torch."),
             "time_shares": self._time_shares(),
+            "energy": self.energy,  # this session's; None with --energy off
             "checkpoint": str(checkpoint),
             "run_dir": str(self.run_dir),
         }
