@@ -28,17 +28,19 @@ def config_class(name: str) -> type:
 
 def family_defaults(name: str, family: str) -> dict[str, Any]:
     """Agent ``name``'s settings that differ from its defaults for an environment family."""
-    check_agent(name)
-    module = importlib.import_module(f"seedbed.agents.{name}.config")
-    return getattr(module, "FAMILY_DEFAULTS", {}).get(family, {})
+    return _family_table(name, "FAMILY_DEFAULTS", family)
 
 
 def run_defaults(name: str, family: str) -> dict[str, Any]:
     """Run settings (batch, unroll, ...) whose defaults agent ``name`` changes for a family:
     a batch counts unrolls for V-trace but transitions for DQN, so their best sizes differ."""
+    return _family_table(name, "RUN_DEFAULTS", family)
+
+
+def _family_table(name: str, table: str, family: str) -> dict[str, Any]:
     check_agent(name)
     module = importlib.import_module(f"seedbed.agents.{name}.config")
-    return getattr(module, "RUN_DEFAULTS", {}).get(family, {})
+    return getattr(module, table, {}).get(family, {})
 
 
 def make_agent(
