@@ -19,12 +19,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
+from seedbed.agents.base import optimizer_step
 from seedbed.errors import SeedbedError
 from seedbed.replicate import InputContext, ReplicaError, Replicator, spawn
 from tests.conftest import finish
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, GLOBAL_BATCH, LR = 5, 8, 0.1
+CLIP = 0.05  # small enough that every step clips: the clip must see the averaged gradients
 _OPS = ("sum", "mean", "min", "max")
 
 
@@ -159,20 +161,23 @@ def _shard(ctx: InputContext):
 
 
 def _train() -> dict[str, list[torch.Tensor]]:
-    """Train the same MLP twice on this replica's shards: with wrap_optimizer, then with DDP."""
+    """Train the same MLP on this replica's shards: with wrap_optimizer, with DDP, and as the
+    learners do (``optimizer_step``: averaged gradients, clipped, then the step)."""
     params = {}
     with Replicator() as rep:
-        for mode in ("optimizer", "ddp"):
+        for mode in ("optimizer", "ddp", "clipped"):
             torch.manual_seed(rep.replica_id)  # different starts: wrapping must align them
             model = _model()
             net = rep.wrap_model(model) if mode == "ddp" else model
             opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-            if mode == "optimizer":
+            if mode != "ddp":
                 opt = rep.wrap_optimizer(opt)
 
-            def step_fn(ctx, batch, net=net, opt=opt):
+            def step_fn(ctx, batch, net=net, opt=opt, mode=mode):
                 x, y = batch
                 loss = F.mse_loss(net(x), y)
+                if mode == "clipped":
+                    return optimizer_step(net, opt, {"mse": loss}, CLIP)["loss"]
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
@@ -184,7 +189,7 @@ def _train() -> dict[str, list[torch.Tensor]]:
     return params
 
 
-def _reference() -> list[torch.Tensor]:
+def _reference(clip: float | None = None) -> list[torch.Tensor]:
     """One process, whole batches, replica 0's starting weights."""
     torch.manual_seed(0)
     model = _model()
@@ -193,6 +198,9 @@ def _reference() -> list[torch.Tensor]:
         loss = F.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            assert norm > clip  # the clip is active
         opt.step()
     return [p.detach() for p in model.parameters()]
 
@@ -200,8 +208,8 @@ def _reference() -> list[torch.Tensor]:
 @pytest.mark.distributed
 def test_replicated_training_matches_one_process_on_whole_batches(no_leaks):
     replicas = spawn(2, _train)
-    want = _reference()
-    for mode in ("optimizer", "ddp"):
+    for mode in ("optimizer", "ddp", "clipped"):
+        want = _reference(CLIP if mode == "clipped" else None)
         first, second = replicas[0][mode], replicas[1][mode]
         for a, b, w in zip(first, second, want, strict=True):
             assert torch.equal(a, b), f"{mode}: replicas differ"

@@ -146,6 +146,9 @@ def optimizer_step(
     loss = sum(terms.values())
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    sync = getattr(optimizer, "sync_gradients", None)  # a replicated learner's (wrap_optimizer)
+    if sync is not None:
+        sync()  # average over replicas before clipping, so the clip sees the whole batch's
     params = network.parameters()
     limit = float("inf") if max_grad_norm is None else max_grad_norm
     grad_norm = torch.nn.utils.clip_grad_norm_(params, limit)

@@ -201,8 +201,10 @@ class ReplicaContext:
         optimizer is returned untouched.
 
         Anything done to the gradients between ``backward`` and ``step`` (clipping, a
-        GradScaler's inf check) sees this replica's own gradients, not the average; where that
-        matters, use ``wrap_model`` (DDP averages during ``backward``).
+        GradScaler's inf check) sees this replica's own gradients, not the average, unless
+        ``optimizer.sync_gradients()`` is called first: it averages them at once, and the next
+        ``step()`` then does not average again. (``seedbed.agents.base.optimizer_step`` does
+        this, so learners clip the averaged gradients, as one process would.)
         """
         if self.num_replicas == 1 or getattr(optimizer, "_seedbed_replicated", False):
             return optimizer
@@ -212,16 +214,27 @@ class ReplicaContext:
             for p, value in zip(params, synced, strict=True):
                 p.copy_(value)
 
+        synced = False  # sync_gradients() ran since the last step
+
+        def sync_gradients() -> None:
+            nonlocal synced
+            self.average_gradients(self._params(optimizer))
+            synced = True
+
         def average_gradients(opt: Any, args: tuple, kwargs: dict) -> None:
+            nonlocal synced
             closure = args[1] if len(args) > 1 else kwargs.get("closure")  # args[0] is opt
             if closure is not None:
                 raise NotImplementedError(
                     "wrap_optimizer does not average gradients computed inside a closure "
                     "(LBFGS); use wrap_model (DDP) for such optimizers"
                 )
-            self.average_gradients(self._params(opt))
+            if not synced:
+                self.average_gradients(self._params(opt))
+            synced = False
 
         optimizer.register_step_pre_hook(average_gradients)
+        optimizer.sync_gradients = sync_gradients  # type: ignore[attr-defined]
         optimizer._seedbed_replicated = True  # type: ignore[attr-defined]
         return optimizer
 
