@@ -122,9 +122,15 @@ def test_train_then_eval_with_video(tmp_path):
     assert video.stat().st_size > 1000
 
 
-@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
-def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, signum):
-    """Ctrl-C, or a scheduler's SIGTERM: final checkpoint and summary, no orphans, no leaks."""
+@pytest.mark.parametrize(
+    ("signum", "replicas"), [("SIGINT", 1), ("SIGTERM", 1), ("SIGINT", 2), ("SIGTERM", 2)]
+)
+def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, signum, replicas):
+    """Ctrl-C, or a scheduler's SIGTERM: final checkpoint and summary, no orphans, no leaks.
+
+    A terminal's Ctrl-C reaches every process in the foreground group (the learner replicas
+    and the actors too), so with replicas the signal goes to the whole group.
+    """
     import json
     import os
     import signal
@@ -140,12 +146,13 @@ def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, signum):
             "-m",
             "seedbed",
             "train",
-            *flags(tiny_settings(run, total_frames=50_000_000)),
+            *flags(tiny_settings(run, total_frames=50_000_000, learner_replicas=replicas)),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=interruptible,
+        start_new_session=replicas > 1,
     )
     deadline = time.time() + 120
     while not (run / "metrics.csv").is_file() and time.time() < deadline:
@@ -153,10 +160,15 @@ def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, signum):
     time.sleep(1.0)
     children = psutil.Process(proc.pid).children(recursive=True)
     assert len([c for c in children if "resource_tracker" not in " ".join(c.cmdline())]) >= 2
-    proc.send_signal(getattr(signal, signum))
-    proc.communicate(timeout=60)
-    assert proc.returncode == 130
-    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "interrupted"
+    if replicas > 1:
+        os.killpg(proc.pid, getattr(signal, signum))
+    else:
+        proc.send_signal(getattr(signal, signum))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted"
+    assert summary["learner_replicas"] == replicas
     time.sleep(0.5)
     alive = [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"orphan processes: {alive}"

@@ -23,6 +23,14 @@ def test_later_layers_win_and_agent_settings_nest(tmp_path):
     assert config.agent.lr == 0.5 and config.agent.discount == 0.9 and config.agent.lstm
 
 
+def test_replicas_share_the_actors_batch_and_queue():
+    train = resolve([{"learner_replicas": 2, "actors": 4, "batch": 32, "queue_size": 33}]).train
+    shards = [train.replica_shard(r) for r in range(2)]
+    assert [(s.actors, s.batch, s.queue_size) for s in shards] == [(2, 16, 17)] * 2
+    assert shards[0].seed != shards[1].seed  # different episodes on each replica
+    assert train.replica_shard(0).total_frames == train.total_frames  # budgets stay global
+
+
 def test_saved_config_round_trips():
     config = resolve([{"hidden_sizes": "32,16", "target_return": "none"}])
     again = resolve([config.to_dict()])
@@ -49,6 +57,19 @@ def test_saved_config_round_trips():
         (
             {"agent": "dqn", "replay_capacity": 100, "min_replay": 100},
             "holds 98 items in whole unrolls of 14",  # unroll 16, n-step 3
+        ),
+        ({"learner_replicas": 0}, "--learner-replicas must be positive, got 0"),
+        (
+            {"learner_replicas": 2, "actors": 3},
+            "--actors 3 does not split evenly over --learner-replicas 2",
+        ),
+        (
+            {"learner_replicas": 2, "batch": 33, "queue_size": 64},
+            "--batch 33 does not split evenly over --learner-replicas 2",
+        ),
+        (
+            {"learner_replicas": 2, "listen": "127.0.0.1:0"},
+            "--listen does not work with --learner-replicas yet",
         ),
         ({"agent": "dqn", "unroll": 2}, "--unroll (2) must be >= --n-step (3)"),
         ({"agent": "dqn", "replay_ratio": 0}, "--replay-ratio must be positive or none"),

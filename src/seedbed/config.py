@@ -51,6 +51,11 @@ class TrainConfig:
     seed: int = setting(0, "seed for environments, networks and sampling")
     device: Literal["cpu", "cuda"] = setting("cpu", "device for inference and learning")
     threads: int = setting(1, "torch threads in the learner process (0: torch's default)")
+    learner_replicas: int = setting(
+        1,
+        "learner processes; each serves its share of the actors and batch, and gradients are "
+        "averaged every step (seedbed.replicate)",
+    )
     run_dir: str | None = setting(None, "run directory; none: runs/ENV-AGENT-TIMESTAMP")
     resume: bool = setting(False, "continue the run in --run-dir from its last checkpoint")
     checkpoint_every_s: float = setting(60.0, "seconds between periodic checkpoints")
@@ -128,8 +133,40 @@ class TrainConfig:
             raise ConfigError(
                 f"--country must be a 3-letter ISO code like USA or FRA, got {self.country!r}"
             )
+        if self.learner_replicas < 1:
+            raise ConfigError(f"--learner-replicas must be positive, got {self.learner_replicas}")
+        if self.learner_replicas > 1:
+            self._check_replicas()
         if self.resume and not self.run_dir:
             raise ConfigError("--resume needs --run-dir naming the run to continue")
+
+    def _check_replicas(self) -> None:
+        n = self.learner_replicas
+        for name in ("actors", "batch"):
+            if getattr(self, name) % n:
+                raise ConfigError(
+                    f"--{flag(name)} {getattr(self, name)} does not split evenly over "
+                    f"--learner-replicas {n}; make it a multiple of {n}"
+                )
+        if self.listen:
+            raise ConfigError(
+                "--listen does not work with --learner-replicas yet: remote actors need one "
+                "learner; use one replica, or local actors only"
+            )
+
+    def replica_shard(self, replica_id: int) -> TrainConfig:
+        """Replica ``replica_id``'s part of the run: its actors, its share of each batch and of
+        the queue, and seeds of its own (the networks still start alike: see ``seed``)."""
+        n = self.learner_replicas
+        if n == 1:
+            return self
+        return dataclasses.replace(
+            self,
+            actors=self.actors // n,
+            batch=self.batch // n,
+            queue_size=-(-self.queue_size // n),
+            seed=self.seed + 10_007 * replica_id,
+        )
 
     @property
     def num_slots(self) -> int:

@@ -132,6 +132,42 @@ def test_replay_agent_solves_cartpole_within_budget(tmp_path, no_leaks, agent, b
     assert summary["learner_steps"] > 0 and summary["replay"]["sampled"] > 0
 
 
+@pytest.mark.distributed
+def test_replicated_learner_writes_one_run_and_resumes(tmp_path, no_leaks):
+    run = tmp_path / "run"
+    first = train(resolve([tiny_settings(run, total_frames=3000, learner_replicas=2)]))
+    assert first["learner_replicas"] == 2 and first["replicas_in_sync"] is True
+    assert first["stop_reason"] == "total_frames" and first["frames"] >= 3000
+    assert first["episodes"] > 0 and first["learner_steps"] > 0
+    assert len(list_checkpoints(run / "checkpoints")) == 1  # replica 0 alone writes
+    before = rows(run)
+    assert before and all(int(r["learner_steps"]) > 0 for r in before)
+    second = train(
+        resolve([tiny_settings(run, total_frames=6000, learner_replicas=2, resume=True)])
+    )
+    assert second["frames"] >= 6000 > first["frames"]
+    assert second["learner_steps"] > first["learner_steps"] and second["replicas_in_sync"]
+    assert rows(run)[: len(before)] == before
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_replicated_vtrace_learner_solves_cartpole(tmp_path, no_leaks):
+    # The default run's layout split over two learners: one actor of 32 envs and half of each
+    # batch of 32 unrolls per replica.
+    settings = {
+        "run_dir": str(tmp_path / "run"),
+        "progress": False,
+        "target_return": 195.0,
+        "total_frames": 1_500_000,
+        "learner_replicas": 2,
+    }
+    summary = train(resolve([settings]))
+    assert summary["stop_reason"] == "target_return", summary
+    assert summary["mean_return_100"] >= 195.0
+    assert summary["replicas_in_sync"] is True
+
+
 def test_lstm_run_completes(tmp_path, no_leaks):
     summary = train(resolve([tiny_settings(tmp_path / "run", lstm=True)]))
     assert summary["stop_reason"] == "total_frames" and summary["learner_steps"] > 0

@@ -3,6 +3,13 @@
 ``train(config)`` is the only function that knows about processes, threads and the run directory.
 The learner runs in the calling thread; the inference server in a thread beside it; actors in
 spawned processes watched by the supervisor.
+
+With ``--learner-replicas N`` there are N such learners, one process each (as SEED spreads its
+learner over accelerator cores): each serves its share of the actors through its own inference
+server and learns from its share of every batch; gradients are averaged over replicas before each
+update (``seedbed.replicate``), so their parameters stay identical. The replicas meet only after
+a learner step, where replica 0 says whether to log, checkpoint or stop; metrics are merged over
+all replicas, and replica 0 alone writes files.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import dataclasses
 import functools
 import logging
 import multiprocessing
+import signal
 import threading
 import time
 from pathlib import Path
@@ -27,8 +35,9 @@ from seedbed.config import RunConfig
 from seedbed.energy import EnergyMeter
 from seedbed.envs import make_spec
 from seedbed.errors import SeedbedError
-from seedbed.inference.server import InferenceServer
+from seedbed.inference.server import InferenceServer, InferenceStats
 from seedbed.replay import PrioritizedReplay, UnrollQueue
+from seedbed.replicate import ReplicaContext, Replicator, spawn
 from seedbed.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from seedbed.runtime.supervisor import ActorSupervisor
 from seedbed.telemetry import (
@@ -51,21 +60,34 @@ def default_run_dir(config: RunConfig) -> Path:
 
 
 class TrainingRun:
-    """One run: set up from a config (fresh or resumed), ``run()`` it, get its summary."""
+    """One run: set up from a config (fresh or resumed), ``run()`` it, get its summary.
 
-    def __init__(self, config: RunConfig, console: Console | None = None) -> None:
+    ``replica`` makes it one of a replicated learner's replicas (see the module docstring); by
+    default it is the only one.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        console: Console | None = None,
+        replica: ReplicaContext | None = None,
+    ) -> None:
         self.config = config
         cfg = config.train
         self.console = console or Console(stderr=True)
         self.run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(config)
         if cfg.device == "cuda" and not torch.cuda.is_available():
             raise SeedbedError("--device cuda: no CUDA device is available; use --device cpu")
-        self.device = torch.device(cfg.device)
+        self.replica = replica or ReplicaContext(0, 1, torch.device(cfg.device), False)
+        self.primary = self.replica.is_primary  # the replica that logs and writes files
+        self.layout = cfg.replica_shard(self.replica.replica_id)  # this replica's actors, batch
+        self.device = self.replica.device
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.spec = make_spec(cfg.env, cfg.atari_settings())
         self.secrets = self._read_secrets()
-        torch.manual_seed(cfg.seed)  # before the networks exist: the seed fixes their init too
+        # Before the networks exist, and alike on every replica: the seed fixes their init too.
+        torch.manual_seed(cfg.seed)
         self.agent = make_agent(cfg.agent, self.spec, config.agent, self.device, cfg.num_envs)
         self.window = EpisodeWindow(100)
         self.frames = self.learner_steps = 0
@@ -75,6 +97,11 @@ class TrainingRun:
         resume_from = self._prepare_run_dir()
         if resume_from is not None:
             self._restore(resume_from)
+        if self.replica.num_replicas > 1:
+            for optimizer in _optimizers(self.agent):
+                self.replica.wrap_optimizer(optimizer)  # also copies replica 0's parameters
+            torch.manual_seed(self.layout.seed)  # each replica samples its own actions
+        self.actor_restarts = 0  # over all replicas
         self.checkpoints = self.run_dir / "checkpoints"
         self.supervisor: ActorSupervisor | None = None  # set while running
         self.server: InferenceServer | None = None
@@ -106,9 +133,10 @@ class TrainingRun:
                 f"{self.run_dir} already holds a run; pass --resume to continue it or choose "
                 "another --run-dir"
             )
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        saved = dict(self.config.to_dict(), run_dir=str(self.run_dir), resume=False)
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+        if self.primary:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            saved = dict(self.config.to_dict(), run_dir=str(self.run_dir), resume=False)
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
         return existing if cfg.resume else None
 
     def _restore(self, path: Path) -> None:
@@ -142,9 +170,10 @@ class TrainingRun:
         """Stop as Ctrl-C would (final checkpoint and summary), from any thread."""
         self._stop_requested.set()
 
-    def run(self) -> dict[str, Any]:
-        """Train until the target return, the frame budget, an error or Ctrl-C; return summary."""
-        cfg = self.config.train
+    def run(self) -> dict[str, Any] | None:
+        """Train until the target return, the frame budget, an error or Ctrl-C; return summary
+        (None on replicas other than 0)."""
+        cfg = self.layout
         ctx = multiprocessing.get_context("spawn")
         queue = self.agent.make_buffer(cfg.unroll, cfg.queue_size, cfg.batch, cfg.seed)
         transport = SharedMemoryServer(
@@ -161,7 +190,7 @@ class TrainingRun:
             self.device,
             frames_per_step=self.spec.frame_skip,
         )
-        server.stats.frames = self.frames
+        self._frames_base = self.frames  # the servers count this session's frames
         server.publish(self.agent.network, self.learner_steps)
         supervisor = ActorSupervisor(
             cfg.actors,
@@ -181,15 +210,20 @@ class TrainingRun:
         serving = threading.Thread(target=server.serve, args=(stop,), name="inference", daemon=True)
         self.supervisor, self.server, self.gateway = supervisor, server, gateway
         self.buffer = queue
-        logger = RunLogger(
-            self.run_dir,
-            total_frames=cfg.total_frames,
-            resume_frames=self.frames if cfg.resume else None,
-            progress=cfg.progress,
-            console=self.console,
+        logger = (
+            RunLogger(
+                self.run_dir,
+                total_frames=cfg.total_frames,
+                resume_frames=self.frames if cfg.resume else None,
+                progress=cfg.progress,
+                console=self.console,
+            )
+            if self.primary
+            else None
         )
         reason, error = "error", None
-        meter = EnergyMeter(cfg.country, enabled=cfg.energy)
+        # Replica 0 measures for all: CodeCarbon's machine mode counts the whole machine.
+        meter = EnergyMeter(cfg.country, enabled=cfg.energy and self.primary)
         start = time.perf_counter()
         try:
             meter.start()  # this session only: a resumed run measures from here
@@ -213,8 +247,11 @@ class TrainingRun:
             transport.close()  # remote actors' streams end here: they are told training is over
             if gateway is not None:
                 gateway.stop()
-            logger.close()
+            if logger is not None:
+                logger.close()
             self.energy = meter.stop()
+        if error is not None and self.replica.num_replicas > 1:
+            raise error  # the other replicas wait in a collective: the launcher stops them
         summary = self._finish(reason, time.perf_counter() - start)
         if error is not None:
             raise error
@@ -222,7 +259,7 @@ class TrainingRun:
 
     def _gateway(self, transport: SharedMemoryServer) -> ActorGateway:
         """The listener for remote actors; they take the slots after the local actors'."""
-        cfg = self.config.train
+        cfg = self.layout
         settings = dataclasses.asdict(cfg.atari_settings())
 
         def assign(slot: int, connection: int) -> Assignment:
@@ -255,7 +292,8 @@ class TrainingRun:
         return gateway
 
     def _loop(self, queue, server, supervisor, logger, start: float) -> str:
-        cfg = self.config.train
+        cfg = self.layout
+        replicated = self.replica.num_replicas > 1
         acc = _Window(self.wall_offset, self.agent.metric_names)
         next_log = next_ckpt = time.perf_counter()
         next_ckpt += cfg.checkpoint_every_s
@@ -274,25 +312,36 @@ class TrainingRun:
                 acc.add(metrics, (self.learner_steps - 1 - batch.policy_version).float().mean())
             if supervisor.error is not None:
                 raise supervisor.error
-            if self._stop_requested.is_set():
-                return "interrupted"
+            if replicated and batch is None:
+                continue  # replicas meet only after a step, so all make the same collectives
             now = time.perf_counter()
-            if now >= next_log:
+            # Replica 0's clock and stop request decide for every replica.
+            flags = (now >= next_log, now >= next_ckpt, self._stop_requested.is_set())
+            log_now, checkpoint_now, stop_now = self.replica.broadcast(
+                torch.tensor(flags, dtype=torch.int32)
+            ).tolist()
+            if stop_now:
+                return "interrupted"
+            if log_now:
                 next_log = now + cfg.log_every_s
                 reason = self._log(server, supervisor, logger, acc, now - start)
                 if reason:
                     return reason
-            if now >= next_ckpt:
+            if checkpoint_now:
                 next_ckpt = now + cfg.checkpoint_every_s
-                self._save(now - start)
+                if self.primary:
+                    self._save(now - start)
             watch.lap("logging_and_checkpoints")
 
     def _log(self, server, supervisor, logger, acc: _Window, elapsed: float) -> str | None:
-        cfg = self.config.train
-        stats = server.take_stats()
-        self.window.add(stats.episode_returns, stats.episode_lengths)
+        """Take every replica's counters, log one row (replica 0), and say whether to stop.
+
+        Every replica gets the same merged counters, so all reach the same decision.
+        """
+        cfg = self.layout
+        frames_before = self.frames
+        stats = self._take_stats(server, supervisor)
         wall_s = self.wall_offset + elapsed
-        frames_before, self.frames = self.frames, stats.frames
         mean_return = self.window.mean_return()
         row = {
             "frames": self.frames,
@@ -300,12 +349,13 @@ class TrainingRun:
             "fps": acc.fps(self.frames - frames_before, wall_s),
             "mean_return": mean_return,
             "episodes": self.window.count,
-            **acc.take(),
+            **self.replica.all_reduce(acc.take(), "mean"),
             "learner_steps": self.learner_steps,
             "inference_batch": stats.batch_envs / stats.batches if stats.batches else None,
-            "actor_restarts": supervisor.restarts,
+            "actor_restarts": self.actor_restarts,
         }
-        logger.log(row)
+        if logger is not None:
+            logger.log(row)
         reached = (
             cfg.target_return is not None
             and mean_return is not None
@@ -319,6 +369,39 @@ class TrainingRun:
             return "total_frames"
         return None
 
+    def _take_stats(self, server: InferenceServer, supervisor: ActorSupervisor) -> InferenceStats:
+        """The inference counters of every replica since the last call, merged; updates the
+        episode window, the frame count and the actor restarts with them."""
+        stats = server.take_stats()
+        returns = torch.tensor(stats.episode_returns, dtype=torch.float64)
+        lengths = torch.tensor(stats.episode_lengths, dtype=torch.int64)
+        counts = self.replica.all_gather(torch.tensor(len(returns)))
+        width = max(1, int(counts.max()))  # padded to the most any replica has
+        totals = torch.tensor(
+            [stats.frames, stats.batches, stats.batch_envs, stats.resets, supervisor.restarts]
+        )
+        all_returns, all_lengths, all_totals = self.replica.all_gather(
+            (_pad(returns, width), _pad(lengths, width), totals)
+        )
+        counts = counts.tolist()
+        frames, batches, batch_envs, resets, restarts = all_totals.sum(0).tolist()
+        merged = InferenceStats(
+            frames=frames,
+            batches=batches,
+            batch_envs=batch_envs,
+            episode_returns=[
+                x for r, n in zip(all_returns, counts, strict=True) for x in r[:n].tolist()
+            ],
+            episode_lengths=[
+                x for r, n in zip(all_lengths, counts, strict=True) for x in r[:n].tolist()
+            ],
+            resets=resets,
+        )
+        self.window.add(merged.episode_returns, merged.episode_lengths)
+        self.frames = self._frames_base + merged.frames
+        self.actor_restarts = restarts
+        return merged
+
     def _save(self, elapsed: float) -> Path:
         return save_checkpoint(
             self.checkpoints,
@@ -327,12 +410,13 @@ class TrainingRun:
             self.config.train.keep_checkpoints + 1,
         )
 
-    def _finish(self, reason: str, elapsed: float) -> dict[str, Any]:
+    def _finish(self, reason: str, elapsed: float) -> dict[str, Any] | None:
         cfg = self.config.train
         if self.server is not None:
-            stats = self.server.take_stats()
-            self.window.add(stats.episode_returns, stats.episode_lengths)
-            self.frames = stats.frames
+            self._take_stats(self.server, self.supervisor)
+        in_sync = self._replicas_in_sync()
+        if not self.primary:
+            return None
         checkpoint = self._save(elapsed)
         wall_s = self.wall_offset + elapsed
         dtype = getattr(self.agent.network, "torso_dtype", None)
@@ -353,7 +437,9 @@ class TrainingRun:
             "mean_return_100": self.window.mean_return(),
             "episodes": self.window.count,
             "learner_steps": self.learner_steps,
-            "actor_restarts": self.supervisor.restarts if self.supervisor else 0,
+            "actor_restarts": self.actor_restarts,
+            "learner_replicas": self.replica.num_replicas,
+            "replicas_in_sync": in_sync,
             "remote_actors": self._remote_summary(),
             # Off-policy agents: items stored, inserted and sampled (replay is not checkpointed).
             "replay": self.buffer.stats() if isinstance(self.buffer, PrioritizedReplay) else None,
@@ -373,6 +459,17 @@ class TrainingRun:
         except Exception as e:  # a plot must never lose a finished run
             log.warning("could not draw the learning curve: %s", e)
         return summary
+
+    def _replicas_in_sync(self) -> bool | None:
+        """Whether every replica ends with exactly replica 0's parameters (None: one replica)."""
+        if self.replica.num_replicas == 1:
+            return None
+        params = [p.detach().reshape(-1) for p in self.agent.network.parameters()]
+        gathered = self.replica.all_gather(torch.cat(params))
+        in_sync = bool((gathered == gathered[0]).all())
+        if not in_sync:
+            log.warning("the learner replicas' parameters differ; this is a bug, please report it")
+        return in_sync
 
     def _remote_summary(self) -> dict[str, Any] | None:
         if self.gateway is None:
@@ -425,6 +522,59 @@ class _Window:
         return round(frames / (wall_s - last), 1)
 
 
+def _optimizers(agent: Any) -> list[torch.optim.Optimizer]:
+    """The optimizers an agent keeps as attributes (a replicated learner averages their
+    gradients)."""
+    return [v for v in vars(agent).values() if isinstance(v, torch.optim.Optimizer)]
+
+
+def _pad(values: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.cat([values, values.new_zeros(width - len(values))])
+
+
 def train(config: RunConfig, console: Console | None = None) -> dict[str, Any]:
     """Run training as configured and return its summary (also saved as summary.json)."""
-    return TrainingRun(config, console).run()
+    replicas = config.train.learner_replicas
+    if replicas == 1:
+        return TrainingRun(config, console).run()
+    if config.train.device == "cuda" and torch.cuda.device_count() < replicas:
+        raise SeedbedError(
+            f"--device cuda with --learner-replicas {replicas} needs {replicas} GPUs, one per "
+            f"replica; this machine has {torch.cuda.device_count()}"
+        )
+    stop = multiprocessing.get_context("spawn").Event()
+    restore = _stop_on_signals(stop)
+    try:
+        return spawn(replicas, _run_replica, config, stop)[0]
+    finally:
+        restore()
+
+
+def _run_replica(config: RunConfig, stop: Any) -> dict[str, Any] | None:
+    """One learner replica (a process of its own); ``stop`` is the launcher's Ctrl-C."""
+    # Ctrl-C and a scheduler's SIGTERM may reach the whole process group; the launcher alone
+    # acts on them and passes them on as ``stop``, so every replica ends at the same step.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    with Replicator(device="cpu" if config.train.device == "cpu" else None) as replica:
+        run = TrainingRun(config, replica=replica)
+        watcher = threading.Thread(
+            target=lambda: stop.wait() and run.request_stop(), name="stop-watch", daemon=True
+        )
+        watcher.start()
+        return run.run()
+
+
+def _stop_on_signals(stop: Any) -> Any:
+    """Make Ctrl-C and SIGTERM set ``stop`` (so the run ends with a checkpoint and summary)
+    instead of raising; returns what undoes it. Only the main thread may handle signals."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = [signal.signal(sig, lambda *_: stop.set()) for sig in signals]
+
+    def restore() -> None:
+        for sig, handler in zip(signals, previous, strict=True):
+            signal.signal(sig, handler)
+
+    return restore

@@ -1,0 +1,115 @@
+"""Learner samples/s with 1 and N learner replicas: the replicated learner's scaling.
+
+Each replica runs the V-trace learner (``agent.learn``, as ``seedbed train --learner-replicas``
+does) on its share of a fixed global batch of B unrolls of T steps, with gradients averaged over
+replicas every step; no actors, so only learning and the gradient all-reduce are timed. Prints
+JSON with the machine: per replica count, learner steps/s and samples/s (B x T env steps learned
+per second), and the speed-up over the faster single replica (with one thread, or with as many
+threads as cores: small networks run slower on more threads).
+
+    python bench/learner.py                            # CartPole's MLP, then Atari's Nature CNN
+    python bench/learner.py --env atari:Pong --batch 32 --unroll 20 --replicas 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+from machine import machine
+
+from seedbed.agents import make_agent
+from seedbed.agents.base import Unrolls
+from seedbed.config import resolve
+from seedbed.envs import make_spec
+from seedbed.replicate import Replicator, spawn
+
+
+def synthetic_batch(spec, num_actions: int, batch: int, unroll: int, seed: int) -> Unrolls:
+    """B random unrolls of T+1 steps shaped as central inference builds them for V-trace."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (unroll + 1, batch)
+    if spec.obs_dtype == "uint8":
+        obs = torch.randint(0, 256, (*shape, *spec.obs_shape), dtype=torch.uint8, generator=gen)
+    else:
+        obs = torch.randn((*shape, *spec.obs_shape), generator=gen)
+    actions = torch.randint(0, num_actions, shape, generator=gen)
+    steps = {
+        "obs": obs,
+        "prev_action": actions.roll(1, 0),
+        "reward": torch.randn(shape, generator=gen),
+        "done": torch.rand(shape, generator=gen) < 0.01,
+        "truncated": torch.zeros(shape, dtype=torch.bool),
+        "action": actions,
+        "logits": torch.randn((*shape, num_actions), generator=gen),
+    }
+    return Unrolls(steps, (), torch.zeros(batch, dtype=torch.int64))
+
+
+def measure(env: str, batch: int, unroll: int, steps: int, warmup: int) -> dict:
+    """One replica's part: learn ``steps`` times on its share of the batch; its steps/s."""
+    with Replicator(device="cpu") as rep:
+        config = resolve([{"env": env, "batch": batch, "queue_size": batch, "unroll": unroll}])
+        spec = make_spec(env, config.train.atari_settings())
+        torch.manual_seed(0)
+        agent = make_agent("vtrace", spec, config.agent, rep.device, batch)
+        rep.wrap_optimizer(agent.optimizer)
+        share = batch // rep.num_replicas
+        unrolls = synthetic_batch(spec, spec.num_actions, share, unroll, rep.replica_id)
+        for _ in range(warmup):
+            agent.learn(unrolls)
+        rep.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            agent.learn(unrolls)
+        rep.barrier()
+        seconds = time.perf_counter() - start
+        return {"seconds": seconds, "threads": torch.get_num_threads()}
+
+
+def run(
+    env: str, replicas: int, batch: int, unroll: int, steps: int, warmup: int, threads: int = 1
+) -> dict:
+    if replicas == 1:
+        torch.set_num_threads(threads)
+        results = [measure(env, batch, unroll, steps, warmup)]
+    else:  # spawn gives each replica its share of the cores
+        results = spawn(replicas, measure, env, batch, unroll, steps, warmup)
+    seconds = max(r["seconds"] for r in results)
+    return {
+        "replicas": replicas,
+        "threads_per_replica": results[0]["threads"],
+        "learner_steps_per_s": round(steps / seconds, 2),
+        "samples_per_s": round(steps * batch * unroll / seconds, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", nargs="+", default=["CartPole-v1", "atari:Pong"])
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--batch", type=int, default=32, help="global batch B (unrolls)")
+    parser.add_argument("--unroll", type=int, default=20, help="steps T per unroll")
+    parser.add_argument("--steps", type=int, default=None, help="timed learner steps")
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+    report = {"machine": machine(), "batch": args.batch, "unroll": args.unroll, "results": []}
+    for env in args.env:
+        steps = args.steps or (200 if not env.startswith("atari:") else 20)
+        rows = [
+            run(env, n, args.batch, args.unroll, steps, args.warmup, threads)
+            for n in args.replicas
+            for threads in ({1, os.cpu_count() or 1} if n == 1 else {0})
+        ]
+        base = max(r["samples_per_s"] for r in rows if r["replicas"] == 1)
+        for row in rows:
+            row["speedup"] = round(row["samples_per_s"] / base, 2)
+        report["results"].append({"env": env, "steps": steps, "rows": rows})
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
