@@ -174,3 +174,39 @@ def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, signum, replicas):
     assert not alive, f"orphan processes: {alive}"
     leaked = {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("psm_")}
     assert not leaked, f"leaked shared memory: {leaked}"
+
+
+def test_a_killed_learner_replica_stops_the_run_with_a_clear_error(tmp_path):
+    """A replica killed outright: every other process stops, and the error names the replica."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    run = tmp_path / "r"
+    shm_before = set(os.listdir("/dev/shm"))
+    settings = tiny_settings(run, total_frames=50_000_000, learner_replicas=2)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seedbed", "train", *flags(settings)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while not (run / "metrics.csv").is_file() and time.time() < deadline:
+        time.sleep(0.1)
+    launcher = psutil.Process(proc.pid)
+    replicas = [c for c in launcher.children() if "resource_tracker" not in " ".join(c.cmdline())]
+    assert len(replicas) == 2
+    everyone = launcher.children(recursive=True)
+    os.kill(replicas[1].pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("seedbed: error:")]
+    assert lines and "replica" in lines[0], err[-3000:]
+    time.sleep(0.5)
+    alive = [c.pid for c in everyone if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"orphan processes: {alive}"
+    leaked = {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("psm_")}
+    assert not leaked, f"leaked shared memory: {leaked}"

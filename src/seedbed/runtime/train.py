@@ -542,7 +542,9 @@ def train(config: RunConfig, console: Console | None = None) -> dict[str, Any]:
             f"--device cuda with --learner-replicas {replicas} needs {replicas} GPUs, one per "
             f"replica; this machine has {torch.cuda.device_count()}"
         )
-    stop = multiprocessing.get_context("spawn").Event()
+    # A lock-free flag: an Event's set() waits for its sleepers, and a replica killed while
+    # waiting on one would hang the launcher.
+    stop = multiprocessing.get_context("spawn").RawValue("b", 0)
     restore = _stop_on_signals(stop)
     try:
         return spawn(replicas, _run_replica, config, stop)[0]
@@ -551,27 +553,35 @@ def train(config: RunConfig, console: Console | None = None) -> dict[str, Any]:
 
 
 def _run_replica(config: RunConfig, stop: Any) -> dict[str, Any] | None:
-    """One learner replica (a process of its own); ``stop`` is the launcher's Ctrl-C."""
+    """One learner replica (a process of its own); ``stop`` is the launcher's Ctrl-C flag."""
     # Ctrl-C and a scheduler's SIGTERM may reach the whole process group; the launcher alone
     # acts on them and passes them on as ``stop``, so every replica ends at the same step.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     with Replicator(device="cpu" if config.train.device == "cpu" else None) as replica:
         run = TrainingRun(config, replica=replica)
-        watcher = threading.Thread(
-            target=lambda: stop.wait() and run.request_stop(), name="stop-watch", daemon=True
-        )
-        watcher.start()
+
+        def watch() -> None:
+            while not stop.value:
+                time.sleep(0.1)
+            run.request_stop()
+
+        threading.Thread(target=watch, name="stop-watch", daemon=True).start()
         return run.run()
 
 
 def _stop_on_signals(stop: Any) -> Any:
-    """Make Ctrl-C and SIGTERM set ``stop`` (so the run ends with a checkpoint and summary)
-    instead of raising; returns what undoes it. Only the main thread may handle signals."""
+    """Make Ctrl-C and SIGTERM set the shared flag ``stop`` (so the run ends with a checkpoint
+    and summary) instead of raising; returns what undoes it. Only the main thread may handle
+    signals."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
+
+    def handle(signum: int, frame: Any) -> None:
+        stop.value = 1
+
     signals = (signal.SIGINT, signal.SIGTERM)
-    previous = [signal.signal(sig, lambda *_: stop.set()) for sig in signals]
+    previous = [signal.signal(sig, handle) for sig in signals]
 
     def restore() -> None:
         for sig, handler in zip(signals, previous, strict=True):
