@@ -1,0 +1,282 @@
+"""ActorQ: actors that act with a quantized policy copy (int8, fp16) against fp32 ones.
+
+    python bench/actorq.py speed                          # E = 32, 64, 128; 1 and 2 threads
+    python bench/actorq.py speed --envs 32 --threads 1 --kernels
+
+``speed`` prints JSON. An actor steps E CartPole envs together and samples their actions from
+a policy MLP of three 512-wide hidden layers, decoded from the learner's broadcast payload
+(``decode_policy(encode_policy(...))``), as a local-inference actor does. Per precision, actor
+batch E and torch thread count it reports the actor's env steps/s, the policy forward alone per
+batch, and the ratios to fp32; per precision the payload bytes and encode/decode times. Each
+figure is the best of ``--rounds`` runs taken in turn, since the machine may be shared.
+
+Two env vectors are measured: ``sync``, Gymnasium's SyncVectorEnv of single envs, as
+``seedbed.envs.make_vector_env`` builds it, and ``numpy``, Gymnasium's own CartPole stepping all
+E envs in one numpy call (it resets an ended episode one step later: the same work). Env-only
+steps/s (random actions, no policy) bounds what any policy speed-up can give: where stepping the
+envs takes as long as the fp32 policy, even a free policy only doubles the rate. ``--kernels``
+adds the int8 forward under each quantized engine, the fp16 forward computed three ways, and,
+for reference, PyTorch's weight-only int8 kernel (float activations: not ActorQ's int8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import json
+import os
+import time
+from collections.abc import Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+from machine import machine
+from torch import nn
+from torch.ao.quantization import float16_dynamic_qconfig, quantize_dynamic
+
+from seedbed.envs import EnvSpec, make_vector_env
+from seedbed.nets import make_actor_critic
+from seedbed.quantize import PRECISIONS, decode_policy, encode_policy
+
+SPEC = EnvSpec("CartPole-v1", (4,), "float32", 2)
+HIDDEN = (512, 512, 512)
+GOAL = "int8 actors reach >= 2x the fp32 actor steps/s at actor batch >= 32"
+
+
+def make_envs(vector: str, num_envs: int):
+    if vector == "sync":
+        return make_vector_env(SPEC.env_id, num_envs, seed=0)
+    return gym.make_vec(SPEC.env_id, num_envs, vectorization_mode="vector_entry_point")
+
+
+Run = Callable[[float], tuple[int, float]]  # seconds -> (count, elapsed seconds)
+
+
+def best_rates(runs: dict[str, Run], seconds: float, rounds: int) -> dict[str, float]:
+    """Each run's best rate (count per second) over ``rounds``; the runs take turns, so that a
+    busy spell on a shared machine does not fall on one of them only."""
+    best = dict.fromkeys(runs, 0.0)
+    for _ in range(rounds):
+        for name, run in runs.items():
+            count, elapsed = run(seconds)
+            best[name] = max(best[name], count / elapsed)
+    return best
+
+
+def act(net: nn.Module | None, envs, seconds: float) -> tuple[int, float]:
+    """Env steps an actor takes in about ``seconds``, sampling actions from ``net`` (random
+    actions where ``net`` is None), and the time taken."""
+    num_envs = envs.num_envs
+    obs, _ = envs.reset(seed=0)
+    prev_action = torch.zeros(1, num_envs, dtype=torch.int64)
+    reward = torch.zeros(1, num_envs)
+    done = torch.zeros(1, num_envs, dtype=torch.bool)
+    rng = np.random.default_rng(0)
+    steps, start = 0, time.perf_counter()
+    end = start + seconds
+    with torch.inference_mode():
+        while time.perf_counter() < end:
+            if net is None:
+                action = rng.integers(0, SPEC.num_actions, num_envs)
+            else:
+                logits, _, _ = net(torch.from_numpy(obs)[None], prev_action, reward, done, ())
+                chosen = torch.multinomial(logits[0].softmax(-1), 1).squeeze(1)
+                prev_action, action = chosen[None], chosen.numpy()
+            obs, r, terminated, truncated, _ = envs.step(action)
+            reward, done = (
+                torch.from_numpy(r).float()[None],
+                torch.from_numpy(terminated | truncated)[None],
+            )
+            steps += num_envs
+    return steps, time.perf_counter() - start
+
+
+def forwards(net: nn.Module, num_envs: int, engine: str | None = None) -> Run:
+    """A run of policy forwards on one batch of E observations (no envs), under the quantized
+    ``engine`` where one is given."""
+    g = torch.Generator().manual_seed(0)
+    args = (
+        torch.randn(1, num_envs, 4, generator=g),
+        torch.zeros(1, num_envs, dtype=torch.int64),
+        torch.zeros(1, num_envs),
+        torch.zeros(1, num_envs, dtype=torch.bool),
+        (),
+    )
+
+    def run(seconds: float) -> tuple[int, float]:
+        if engine is not None:
+            torch.backends.quantized.engine = engine
+        with torch.inference_mode():
+            for _ in range(10):
+                net(*args)
+            calls, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                for _ in range(20):
+                    net(*args)
+                calls += 20
+        return calls, time.perf_counter() - start
+
+    return run
+
+
+def timed(fn: Callable[[], object], repeat: int = 5) -> tuple[object, float]:
+    """``fn()``'s result and its best time in ms over ``repeat`` calls."""
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - start)
+    return result, round(best * 1e3, 2)
+
+
+def broadcast_costs(net: nn.Module) -> tuple[dict, dict[str, nn.Module]]:
+    """Payload bytes, encode and decode ms per precision, and the decoded actors' nets."""
+    costs, nets = {}, {}
+    for precision in PRECISIONS:
+        payload, encode_ms = timed(lambda p=precision: encode_policy(net, p, 1))
+        (nets[precision], _), decode_ms = timed(lambda b=payload: decode_policy(b, net))
+        costs[precision] = {"bytes": len(payload), "encode_ms": encode_ms, "decode_ms": decode_ms}
+    for precision in PRECISIONS:
+        costs[precision]["of_fp32"] = round(costs[precision]["bytes"] / costs["fp32"]["bytes"], 3)
+    return costs, nets
+
+
+def measure(nets: dict[str, nn.Module], num_envs: int, args: argparse.Namespace) -> dict:
+    """One actor batch size's figures, at the current thread count."""
+    forward = best_rates(
+        {p: forwards(n, num_envs) for p, n in nets.items()}, args.seconds / 2, args.rounds
+    )
+    row: dict = {"envs": num_envs, "forward_us": {p: round(1e6 / r, 1) for p, r in forward.items()}}
+    row["int8_forward_speedup"] = round(forward["int8"] / forward["fp32"], 2)
+    for vector in args.vectors:
+        envs = make_envs(vector, num_envs)
+        runs = {p: functools.partial(act, n, envs) for p, n in nets.items()}
+        runs["env_only"] = functools.partial(act, None, envs)
+        rates = best_rates(runs, args.seconds, args.rounds)
+        envs.close()
+        row[vector] = {
+            "env_only_steps_per_s": round(rates.pop("env_only")),
+            "steps_per_s": {p: round(r) for p, r in rates.items()},
+            "int8_over_fp32": round(rates["int8"] / rates["fp32"], 2),
+            "fp16_over_fp32": round(rates["fp16"] / rates["fp32"], 2),
+        }
+    return row
+
+
+def speed(args: argparse.Namespace) -> dict:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # as an actor decodes (the learner encodes alongside its training)
+    net = make_actor_critic(SPEC, HIDDEN, None).requires_grad_(False)
+    costs, nets = broadcast_costs(net)
+    load_before = os.getloadavg()
+    results = []
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        results += [{"threads": threads, **measure(nets, e, args)} for e in args.envs]
+    report = {
+        "benchmark": "actorq-speed",
+        "machine": machine(),
+        "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
+        "setup": {
+            "env": SPEC.env_id,
+            "policy": f"MLP {HIDDEN}, ActorCriticNet, actions sampled from the logits",
+            "quantized_engine": torch.backends.quantized.engine,
+            "seconds": args.seconds,
+            "rounds": args.rounds,
+        },
+        "goal": GOAL,
+        "payload": costs,
+        "results": results,
+        "goal_met": {
+            v: all(r[v]["int8_over_fp32"] >= 2 for r in results if r["envs"] >= 32)
+            for v in args.vectors
+        },
+    }
+    if args.kernels:
+        report["int8_forward_us_by_engine"] = engines(net, args)
+        report["fp16_forward_us_by_compute"] = fp16_computes(net, nets["fp16"], args)
+    return report
+
+
+def engines(net: nn.Module, args: argparse.Namespace) -> dict:
+    """Int8 forward per batch under each quantized engine, 1 thread, and the weight-only
+    int8 kernel's (float32 activations) for reference."""
+    torch.set_num_threads(1)
+    payload = encode_policy(net, "int8", 1)
+    default = torch.backends.quantized.engine
+    policies = {}
+    for engine in ("x86", "fbgemm", "onednn"):
+        if engine in torch.backends.quantized.supported_engines:
+            torch.backends.quantized.engine = engine  # decode packs weights for the engine
+            policies[engine] = decode_policy(payload, net)[0]
+    out: dict = {}
+    for e in args.envs:
+        runs = {name: forwards(policy, e, name) for name, policy in policies.items()}
+        for name, rate in best_rates(runs, args.seconds / 2, args.rounds).items():
+            out.setdefault(name, {})[e] = round(1e6 / rate, 1)
+    torch.backends.quantized.engine = default
+    weight_only = WeightOnlyInt8(net)
+    out["weight_only_int8pack_mm (not ActorQ int8)"] = {
+        e: round(1e6 / best_rates({"w": forwards(weight_only, e)}, args.seconds / 2, 1)["w"], 1)
+        for e in args.envs
+    }
+    return out
+
+
+def fp16_computes(net: nn.Module, upcast: nn.Module, args: argparse.Namespace) -> dict:
+    """The fp16 actor's forward per batch, 1 thread: as decoded (weights upcast to float32),
+    with the torso under float16 autocast, and with fbgemm's fp16-weight linear kernel."""
+    torch.set_num_threads(1)
+    autocast = copy.deepcopy(upcast)
+    autocast.torso_dtype = torch.float16  # ActorCriticNet runs its torso under autocast
+    fbgemm = quantize_dynamic(copy.deepcopy(net), {nn.Linear: float16_dynamic_qconfig})
+    policies = {"upcast (decode_policy)": upcast, "autocast": autocast, "fbgemm_fp16": fbgemm}
+    out: dict = {}
+    for e in args.envs:
+        runs = {name: forwards(policy, e) for name, policy in policies.items()}
+        for name, rate in best_rates(runs, args.seconds / 2, args.rounds).items():
+            out.setdefault(name, {})[e] = round(1e6 / rate, 1)
+    return out
+
+
+class WeightOnlyInt8(nn.Module):
+    """``net`` (an MLP ActorCriticNet) with every Linear computed by ``_weight_int8pack_mm``:
+    int8 weights, float32 activations."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.packed = []
+        for linear in (m for m in net.modules() if isinstance(m, nn.Linear)):
+            scale = linear.weight.abs().amax(1).clamp_min(1e-8) / 127
+            weight = (linear.weight / scale[:, None]).round().clamp(-128, 127).to(torch.int8)
+            self.packed.append((weight, scale, linear.bias))
+
+    def forward(self, obs, prev_action, reward, done, state):
+        x = obs.flatten(0, 1)
+        hidden = self.packed[: len(HIDDEN)]
+        for weight, scale, bias in hidden:
+            x = torch.relu(torch._weight_int8pack_mm(x, weight, scale) + bias)
+        heads = [torch._weight_int8pack_mm(x, w, s) + b for w, s, b in self.packed[len(HIDDEN) :]]
+        return heads[0][None], heads[1][None], state
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("speed", help="actor steps/s with fp32, fp16 and int8 policies")
+    s.add_argument("--envs", type=int, nargs="+", default=[32, 64, 128], help="actor batch E")
+    s.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads")
+    s.add_argument("--vectors", nargs="+", default=["sync", "numpy"], choices=["sync", "numpy"])
+    s.add_argument("--seconds", type=float, default=0.5, help="per measured run")
+    s.add_argument("--rounds", type=int, default=5, help="runs per figure, best kept")
+    s.add_argument("--kernels", action="store_true", help="int8 and fp16 kernel alternatives")
+    s.set_defaults(run=speed)
+    # ``runs`` goes here: training runs at fp32, fp16 and int8 actor precision over seeds.
+    args = p.parse_args()
+    print(json.dumps(args.run(args), indent=2))
+
+
+if __name__ == "__main__":
+    main()

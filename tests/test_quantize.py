@@ -1,0 +1,227 @@
+"""Policy broadcasts: int8 and fp16 payloads act like the fp32 policy, shrink, and bad bytes are
+refused with one-line errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zlib
+
+import pytest
+import torch
+from torch import nn
+from torch.ao.nn.quantized import dynamic as nnqd
+
+from seedbed.envs import EnvSpec
+from seedbed.errors import SeedbedError
+from seedbed.nets import make_actor_critic
+from seedbed.quantize import (
+    PRECISIONS,
+    decode_policy,
+    encode_policy,
+    policy_error,
+    quantize_for_inference,
+)
+
+CARTPOLE = EnvSpec("CartPole-v1", (4,), "float32", 2)
+FRAMES = EnvSpec("atari:Pong", (4, 44, 44), "uint8", 6)  # small frames keep the tests fast
+HIGH = torch.tensor([2.4, 2.0, 0.21, 3.0])  # CartPole's observation ranges: position, velocity,
+# pole angle, angular velocity; their scales differ tenfold, as real observations do
+
+
+def cartpole_obs(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(n, 4, generator=g) * 2 - 1) * HIGH
+
+
+def probe(net: nn.Module, obs: torch.Tensor) -> tuple:
+    """The forward's arguments for time-major ``obs`` [T, B, ...], episodes starting at t = 0."""
+    steps, batch = obs.shape[:2]
+    done = torch.zeros(steps, batch, dtype=torch.bool)
+    done[0] = True
+    actions = torch.randint(0, net.num_actions, (steps, batch), generator=torch.Generator())
+    return obs, actions, torch.randn(steps, batch), done, net.initial_state(batch)
+
+
+def outputs(net: nn.Module, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        logits, values, _ = net(*args)
+    return logits, values
+
+
+def train_to_teacher(steps: int = 300) -> nn.Module:
+    """An MLP actor-critic regressed onto a fixed random teacher's logits and value, so its
+    actions have margins as a trained policy's do; the teacher is odd (tanh, no biases), so
+    both actions are about equally frequent."""
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(4, 32, bias=False), nn.Tanh(), nn.Linear(32, 3, bias=False))
+    net = make_actor_critic(CARTPOLE, (128, 128, 128), None)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    for step in range(steps):
+        obs = cartpole_obs(256, step)
+        with torch.no_grad():
+            target = 5 * teacher(obs / HIGH)
+        logits, values = net(*probe(net, obs[None]))[:2]
+        loss = (logits[0] - target[:, :2]).square().mean()
+        loss = loss + (values[0] - target[:, 2]).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return net.requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def trained() -> nn.Module:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a net this small trains fastest on one thread, busy machine or not
+    try:
+        return train_to_teacher()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def broadcast(net: nn.Module, precision: str, version: int = 0) -> nn.Module:
+    return decode_policy(encode_policy(net, precision, version), net)[0]
+
+
+def test_int8_policy_picks_the_fp32_action(trained):
+    args = probe(trained, cartpole_obs(4096, seed=10_000)[None])
+    logits, _ = outputs(trained, args)
+    actions = logits.argmax(-1)
+    assert 0.3 < actions.float().mean() < 0.7  # a policy that does not always pick one action
+    assert (logits[..., 0] - logits[..., 1]).abs().median() > 0.2  # nor one of near-ties
+    int8_logits, _ = outputs(broadcast(trained, "int8"), args)
+    assert (int8_logits.argmax(-1) == actions).float().mean() >= 0.95
+
+
+@pytest.mark.parametrize("precision, tolerance", [("int8", 0.05), ("fp16", 0.001)])
+def test_outputs_agree_within_a_share_of_their_scale(trained, precision, tolerance):
+    args = probe(trained, cartpole_obs(1024, seed=10_001)[None])
+    for reference, output in zip(
+        outputs(trained, args), outputs(broadcast(trained, precision), args), strict=True
+    ):
+        scale = reference.abs().max()
+        assert 0 < (output - reference).abs().max() <= tolerance * scale
+
+
+def test_policy_error_is_zero_for_fp32_and_small_for_int8(trained):
+    args = probe(trained, cartpole_obs(1024, seed=10_002)[None])
+    scale = max(t.abs().max() for t in outputs(trained, args))
+    assert policy_error(trained, broadcast(trained, "fp32"), args) == 0.0
+    assert 0 < policy_error(trained, broadcast(trained, "int8"), args) <= 0.05 * scale
+
+
+def test_payloads_of_the_3x512_mlp_shrink():
+    net = make_actor_critic(CARTPOLE, (512, 512, 512), None)
+    size = {precision: len(encode_policy(net, precision, 0)) for precision in PRECISIONS}
+    assert size["int8"] <= 0.30 * size["fp32"]
+    assert size["fp16"] <= 0.55 * size["fp32"]
+
+
+def test_fp32_round_trip_is_exact_and_carries_the_version():
+    net = make_actor_critic(CARTPOLE, (64,), 32)
+    decoded, version = decode_policy(encode_policy(net, "fp32", 41), net)
+    assert version == 41 and decoded is not net and not decoded.training
+    for (name, a), (_, b) in zip(
+        net.state_dict().items(), decoded.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    assert not any(p.requires_grad for p in decoded.parameters())
+
+
+def test_actors_hold_exactly_the_int8_weights_central_inference_uses():
+    net = make_actor_critic(CARTPOLE, (128, 128, 128), None)
+    actor, central = broadcast(net, "int8"), quantize_for_inference(net, "int8")
+    for name in ("torso.layers.2", "torso.layers.4"):
+        a, c = actor.get_submodule(name).weight(), central.get_submodule(name).weight()
+        assert type(actor.get_submodule(name)) is nnqd.Linear
+        assert a.qscheme() == torch.per_channel_affine
+        assert torch.equal(a.int_repr(), c.int_repr())
+        assert torch.equal(a.q_per_channel_scales(), c.q_per_channel_scales())
+    # the layer reading raw observations, and the heads, too small to gain from int8
+    for name in ("torso.layers.0", "policy", "value"):
+        assert type(actor.get_submodule(name)) is nn.Linear
+    args = probe(net, cartpole_obs(64, seed=3)[None])
+    assert all(map(torch.equal, outputs(actor, args), outputs(central, args)))
+
+
+def test_lstm_core_is_quantized_and_stays_close_over_an_unroll():
+    net = make_actor_critic(CARTPOLE, (64,), 64)
+    int8 = broadcast(net, "int8")
+    assert type(int8.core.cell) is nnqd.LSTMCell
+    args = probe(net, cartpole_obs(20 * 16, seed=4).view(20, 16, 4))
+    assert 0 < policy_error(net, int8, args) < 0.05
+
+
+@pytest.mark.parametrize("torso", ["nature", "impala"])
+def test_conv_torsos_keep_float_convolutions(torso):
+    net = make_actor_critic(FRAMES, (), None, torso=torso)
+    int8 = broadcast(net, "int8")
+    assert type(int8.torso.fc[0]) is nnqd.Linear
+    convs = [name for name, m in net.named_modules() if isinstance(m, nn.Conv2d)]
+    assert convs and all(
+        torch.equal(net.get_submodule(n).weight, int8.get_submodule(n).weight) for n in convs
+    )
+    frames = torch.randint(0, 256, (1, 8, *FRAMES.obs_shape), dtype=torch.uint8)
+    args = probe(net, frames)
+    scale = max(t.abs().max() for t in outputs(net, args))
+    assert 0 < policy_error(net, int8, args) < 0.1 * scale
+
+
+def test_int8_runs_a_bfloat16_torso_in_float32():
+    net = make_actor_critic(CARTPOLE, (256, 256), None, torso_dtype=torch.bfloat16)
+    int8 = broadcast(net, "int8")
+    assert int8.torso_dtype == torch.float32 and net.torso_dtype == torch.bfloat16
+    assert type(int8.torso.layers[2]) is nnqd.Linear
+    assert policy_error(net, int8, probe(net, cartpole_obs(32, seed=5)[None])) < 0.05
+
+
+def reheadered(payload: bytes, edit, extra: bytes = b"") -> bytes:
+    """``payload`` with its JSON header changed by ``edit`` (and ``extra`` bytes appended),
+    with a valid checksum, so only the header's content is wrong."""
+    magic, form, size, _ = struct.unpack_from("<4sB3xII", payload)
+    header = json.loads(payload[16 : 16 + size])
+    edit(header)
+    text = json.dumps(header).encode()
+    body = text + payload[16 + size :] + extra
+    return struct.pack("<4sB3xII", magic, form, len(text), zlib.crc32(body)) + body
+
+
+def huge(header):
+    header["arrays"][0][2] = [10**12, 4]
+
+
+def corrupt(payload: bytes) -> bytes:
+    return payload[:-5] + bytes([payload[-5] ^ 1]) + payload[-4:]
+
+
+BAD = {
+    "empty": (lambda p: b"", "truncated"),
+    "cut in the prefix": (lambda p: p[:10], "truncated"),
+    "cut in the arrays": (lambda p: p[:-100], "checksum"),
+    "flipped bit": (corrupt, "corrupted"),
+    "not ours": (lambda p: b"PK\x03\x04" + p[4:], "not a seedbed policy payload"),
+    "newer format": (lambda p: p[:4] + b"\x09" + p[5:], "format 9"),
+    "huge array": (lambda p: reheadered(p, huge), "'torso.layers.0.weight' float32 [1000000000000"),
+    "bad version": (lambda p: reheadered(p, lambda h: h.update(version=-1)), "version -1"),
+    "no header": (lambda p: reheadered(p, lambda h: h.clear()), "header unreadable"),
+    "extra bytes": (lambda p: reheadered(p, lambda h: None, b"\0" * 8), "bytes of arrays"),
+}
+
+
+@pytest.mark.parametrize("damage, message", BAD.values(), ids=BAD.keys())
+def test_bad_payloads_raise_one_line_errors(damage, message):
+    net = make_actor_critic(CARTPOLE, (16,), None)
+    with pytest.raises(SeedbedError, match=re.escape(message)) as error:
+        decode_policy(damage(encode_policy(net, "int8", 3)), net)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("lstm", [None, 8])
+def test_a_payload_for_another_network_is_refused(lstm):
+    payload = encode_policy(make_actor_critic(CARTPOLE, (32,), None), "fp16", 1)
+    other = make_actor_critic(CARTPOLE, (32, 32) if lstm is None else (32,), lstm)
+    with pytest.raises(SeedbedError, match="for another network: array") as error:
+        decode_policy(payload, other)
+    assert "\n" not in str(error.value)
