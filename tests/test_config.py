@@ -58,6 +58,15 @@ def test_saved_config_round_trips():
             {"agent": "dqn", "replay_capacity": 100, "min_replay": 100},
             "holds 98 items in whole unrolls of 14",  # unroll 16, n-step 3
         ),
+        ({"broadcast_every": 0}, "--broadcast-every must be positive, got 0"),
+        ({"actor_precision": "int8"}, "--actor-precision is for --inference local"),
+        ({"inference": "local", "precision": "int8"}, "--precision is for --inference central"),
+        ({"precision": "int8", "device": "cuda"}, "--precision int8 uses PyTorch's int8 CPU"),
+        ({"precision": "int4"}, "--precision"),
+        (
+            {"inference": "local", "listen": "127.0.0.1:0"},
+            "--inference local does not work with --listen yet",
+        ),
         ({"learner_replicas": 0}, "--learner-replicas must be positive, got 0"),
         (
             {"learner_replicas": 2, "actors": 3},

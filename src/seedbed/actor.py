@@ -2,6 +2,8 @@
 
 In central mode an actor holds no model and knows nothing of the agent: it only turns actions
 into observations. It imports neither torch nor the learner, so it starts in a fraction of a second.
+With local inference (``--inference local``) it acts itself with a ``LocalPolicy`` and sends what
+it acted with each step.
 Local actors are processes the learner spawns (``run_actor``); remote ones are started by hand or
 by a cluster launcher and connect over gRPC (``run_remote_actor``), learning what to run from the
 learner.
@@ -24,33 +26,57 @@ from seedbed.errors import SeedbedError
 log = logging.getLogger(__name__)
 
 
-def act(client: Any, envs: Any, seed: int) -> None:
-    """Step ``envs`` with the actions ``client.call`` returns until it raises ConnectionError."""
+def act(client: Any, envs: Any, seed: int, policy: Any = None) -> None:
+    """Step ``envs`` until the client raises ConnectionError: with the actions ``client.call``
+    returns, or with those ``policy`` (a ``LocalPolicy``) picks."""
     num_envs = envs.num_envs
     obs, _ = envs.reset(seed=seed)
     reward = np.zeros(num_envs, np.float32)
     done = np.ones(num_envs, np.bool_)  # every env starts an episode
     truncated = np.zeros(num_envs, np.bool_)
+    submitted = False
     while True:
-        action = client.call(obs, reward, done, truncated)
+        if policy is None:
+            action = client.call(obs, reward, done, truncated)
+        else:
+            # The learner's answer only says it has recorded the last step (so its rows may be
+            # written again): the actor acts and steps its envs meanwhile.
+            acted = policy.act(obs, reward, done)
+            if submitted:
+                client.collect()
+            client.submit(obs, reward, done, truncated, acted)
+            submitted, action = True, acted["action"]
         obs, reward, terminated, truncated, _ = envs.step(action)
         done = terminated | truncated
 
 
 def run_actor(
-    endpoint: Any, env_id: str, num_envs: int, settings: AtariSettings | None, seed: int
+    endpoint: Any,
+    env_id: str,
+    num_envs: int,
+    settings: AtariSettings | None,
+    local: Any,
+    seed: int,
 ) -> None:
-    """Act until the learner goes away. ``endpoint.open()`` gives the transport client."""
+    """Act until the learner goes away. ``endpoint.open()`` gives the transport client;
+    ``local`` (a ``LocalActing``) makes the actor pick its own actions, None leaves it central."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when actors stop
     client = endpoint.open()
     envs = make_vector_env(env_id, num_envs, seed, settings)
+    policy = None
     try:
-        act(client, envs, seed)
+        if local is not None:
+            from seedbed.inference.local import LocalPolicy  # torch: only actors that act
+
+            policy = LocalPolicy(local, endpoint.actor * num_envs, num_envs, seed)
+        act(client, envs, seed, policy)
     except ConnectionError:
         log.debug("actor %s: learner gone, stopping", getattr(endpoint, "actor", "?"))
     finally:
         client.close()
         envs.close()
+        if policy is not None:
+            policy.close()
 
 
 def run_remote_actor(

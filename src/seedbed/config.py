@@ -40,6 +40,20 @@ class TrainConfig:
     unroll: int = setting(16, "steps T per unroll; consecutive unrolls share one step")
     batch: int = setting(32, "unrolls B per learner step")
     inference_batch: int = setting(64, "most environments per central inference call")
+    inference: Literal["central", "local"] = setting(
+        "central",
+        "who picks actions: central (SEED: the learner, batched over all actors) or local "
+        "(ActorQ: each actor, with its own copy of the policy)",
+    )
+    broadcast_every: int = setting(
+        1, "learner steps between policy broadcasts (to local actors, or to an int8 central copy)"
+    )
+    actor_precision: Literal["fp32", "fp16", "int8"] = setting(
+        "fp32", "with --inference local: the precision of the policy actors receive and act with"
+    )
+    precision: Literal["fp32", "int8"] = setting(
+        "fp32", "with --inference central: int8 acts with an int8 copy of the policy (CPU only)"
+    )
     inference_timeout_ms: float = setting(
         2.0, "longest wait for a fuller inference batch once a request arrived"
     )
@@ -137,8 +151,31 @@ class TrainConfig:
             raise ConfigError(f"--learner-replicas must be positive, got {self.learner_replicas}")
         if self.learner_replicas > 1:
             self._check_replicas()
+        self._check_inference()
         if self.resume and not self.run_dir:
             raise ConfigError("--resume needs --run-dir naming the run to continue")
+
+    def _check_inference(self) -> None:
+        if self.broadcast_every <= 0:
+            raise ConfigError(f"--broadcast-every must be positive, got {self.broadcast_every}")
+        if self.inference == "central" and self.actor_precision != "fp32":
+            raise ConfigError(
+                "--actor-precision is for --inference local (actors with their own policy); "
+                "central inference acts in --precision"
+            )
+        if self.inference == "local" and self.precision != "fp32":
+            raise ConfigError(
+                "--precision is for --inference central; local actors act in --actor-precision"
+            )
+        if self.precision == "int8" and self.device != "cpu":
+            raise ConfigError(
+                "--precision int8 uses PyTorch's int8 CPU kernels: use --device cpu, or fp32"
+            )
+        if self.inference == "local" and self.listen:
+            raise ConfigError(
+                "--inference local does not work with --listen yet: remote actors act "
+                "centrally; use --inference central"
+            )
 
     def _check_replicas(self) -> None:
         n = self.learner_replicas

@@ -11,7 +11,9 @@ import time
 
 import pytest
 
+from seedbed.agents import make_agent
 from seedbed.config import resolve
+from seedbed.envs import make_spec
 from seedbed.evaluate import evaluate
 from seedbed.runtime.checkpoint import list_checkpoints
 from seedbed.runtime.train import TrainingRun, train
@@ -166,6 +168,60 @@ def test_replicated_vtrace_learner_solves_cartpole(tmp_path, no_leaks):
     assert summary["stop_reason"] == "target_return", summary
     assert summary["mean_return_100"] >= 195.0
     assert summary["replicas_in_sync"] is True
+
+
+@pytest.mark.parametrize(
+    ("settings", "mode", "precision"),
+    [
+        ({"precision": "int8"}, "central", "int8"),
+        ({"inference": "local", "actor_precision": "fp16"}, "local", "fp16"),
+        ({"inference": "local", "lstm": True, "broadcast_every": 2}, "local", "fp32"),
+    ],
+)
+def test_quantized_and_local_inference_report_their_broadcasts(
+    tmp_path, no_leaks, settings, mode, precision
+):
+    # 256-wide layers: big enough that int8 applies (smaller ones stay float32).
+    run = tmp_path / "run"
+    summary = train(resolve([tiny_settings(run, hidden_sizes="256,256", **settings)]))
+    inference = summary["inference"]
+    assert (inference["mode"], inference["precision"]) == (mode, precision)
+    assert summary["stop_reason"] == "total_frames" and summary["learner_steps"] > 0
+    last = rows(run)[-1]
+    if precision == "fp32":
+        assert inference["quantization_error_max"] is None
+    else:
+        assert 0 < inference["quantization_error_max"] < 1.0
+        assert float(last["quantization_error"]) > 0
+    if mode == "local":
+        config = resolve([tiny_settings(run, hidden_sizes="256,256", **settings)])
+        net = make_agent("vtrace", make_spec("CartPole-v1"), config.agent, "cpu").network
+        fp32_bytes = 4 * sum(p.numel() for p in net.parameters())
+        assert int(last["broadcast_bytes"]) == inference["broadcast_bytes"]
+        share = inference["broadcast_bytes"] / fp32_bytes
+        assert 0.5 < share < 0.55 if precision == "fp16" else 1.0 < share < 1.05
+    else:
+        assert inference["broadcast_bytes"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("agent", "budget"), [("vtrace", 1_500_000), ("dqn", 300_000)])
+def test_local_int8_actors_solve_cartpole_within_budget(tmp_path, no_leaks, agent, budget):
+    # 256-wide layers, so that the actors really act in int8 (smaller ones stay float32).
+    settings = {
+        "agent": agent,
+        "run_dir": str(tmp_path / "run"),
+        "progress": False,
+        "target_return": 195.0,
+        "total_frames": budget,
+        "hidden_sizes": "256,256",
+        "inference": "local",
+        "actor_precision": "int8",
+    }
+    summary = train(resolve([settings]))
+    assert summary["stop_reason"] == "target_return", summary
+    assert summary["target_reached_frames"] <= budget
+    assert summary["inference"]["quantization_error_max"] > 0  # the actors did act in int8
 
 
 def test_lstm_run_completes(tmp_path, no_leaks):

@@ -1,9 +1,11 @@
 """The central inference server: one batched ``agent.act`` for the requests of many actors.
 
 It runs in the learner process, on the learner's device, always with the newest parameters the
-learner published. For each environment it keeps the recurrent state, the previous action, the run
-id of the actor that owns it and the running episode return; it turns every step into unrolls
-for the learner. All of this is indexed by environment id, so no Python object exists per env.
+learner published (or an int8 copy of them: ``precision``). For each environment it keeps the
+recurrent state, the previous action, the run id of the actor that owns it and the running
+episode return; it turns every step into unrolls for the learner. All of this is indexed by
+environment id, so no Python object exists per env. With local inference the actors act
+themselves and send what they acted (``Request.acted``); the server then only records.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from seedbed.agents.base import Agent, StepInput, copy_parameters
 from seedbed.inference.unrolls import UnrollBuilder
+from seedbed.quantize import quantize_for_inference
 from seedbed.replay import PrioritizedReplay, UnrollQueue
 from seedbed.telemetry import Stopwatch
 from seedbed.transport.base import Request, ServerTransport
@@ -35,6 +38,16 @@ class InferenceStats:
     resets: int = 0  # envs whose actor restarted
 
 
+def _acted(
+    acted: dict[str, np.ndarray], state_size: int
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[torch.Tensor, ...], torch.Tensor]:
+    """What local actors acted, as ``_act`` returns it (versions per env)."""
+    extras = {k: torch.from_numpy(v) for k, v in acted.items()}
+    action, version = extras.pop("action"), extras.pop("version")
+    state = tuple(extras.pop(f"state{i}") for i in range(state_size))
+    return action, extras, state, version
+
+
 class InferenceServer:
     """Serve actions for requests from ``transport`` and feed full unrolls into ``queue``."""
 
@@ -49,8 +62,10 @@ class InferenceServer:
         timeout_s: float,
         device: torch.device,
         frames_per_step: int = 1,
+        precision: str = "fp32",
     ) -> None:
         self.agent = agent
+        self.precision = precision  # what central inference acts in (seedbed.quantize)
         self.frames_per_step = frames_per_step
         self.transport = transport
         self.queue = queue
@@ -73,6 +88,11 @@ class InferenceServer:
 
     def publish(self, network: torch.nn.Module, version: int) -> None:
         """Act with ``network``'s parameters from now on (called by the learner)."""
+        if self.precision != "fp32":
+            net = quantize_for_inference(network, self.precision)  # before the lock: acting goes on
+            with self._params_lock:
+                self.net, self.version = net, version
+            return
         with self._params_lock:
             copy_parameters(network, self.net)
             self.version = version
@@ -104,6 +124,34 @@ class InferenceServer:
         self._count_episodes(request, restarted.numpy())
 
         obs = torch.from_numpy(request.obs)
+        if request.acted is None:
+            action, extras, state, version = self._act(ids, obs, reward, done)
+        else:
+            action, extras, state, version = _acted(request.acted, len(self._state))
+        record = {
+            "obs": obs,  # copied into the unroll buffers before the actor may overwrite it
+            "prev_action": self._prev_action[ids],
+            "reward": reward,
+            "done": done,
+            "truncated": truncated,
+            "action": action,
+            **extras,
+        }
+        unrolls = self.builder.append(ids, record, state, version)
+        self.transport.send(request, action.numpy())
+        self._prev_action[ids] = action
+        self.stopwatch.lap("bookkeeping")
+        if unrolls is not None:
+            while not self.queue.put(unrolls, timeout=0.1):
+                if stop is None or stop.is_set():
+                    return
+            self.stopwatch.lap("waiting_for_queue_space")
+
+    def _act(
+        self, ids: torch.Tensor, obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[torch.Tensor, ...], int]:
+        """Central inference for these envs: their actions, the agent's extras and the state
+        they acted from (on the CPU), and the parameter version that acted."""
         state = tuple(s[ids] for s in self._state)
         step = StepInput(
             obs=obs.to(self.device, non_blocking=True),
@@ -119,26 +167,10 @@ class InferenceServer:
             version = self.version
         action = out.action.cpu()
         self.stopwatch.lap("acting")
-        record = {
-            "obs": obs,  # copied into the unroll buffers before the actor may overwrite it
-            "prev_action": self._prev_action[ids],
-            "reward": reward,
-            "done": done,
-            "truncated": truncated,
-            "action": action,
-            **{k: v.cpu() for k, v in out.extras.items()},
-        }
-        unrolls = self.builder.append(ids, record, tuple(s.cpu() for s in state), version)
-        self.transport.send(request, action.numpy())
         for table, rows in zip(self._state, out.state, strict=True):
             table[ids] = rows
-        self._prev_action[ids] = action
-        self.stopwatch.lap("bookkeeping")
-        if unrolls is not None:
-            while not self.queue.put(unrolls, timeout=0.1):
-                if stop is None or stop.is_set():
-                    return
-            self.stopwatch.lap("waiting_for_queue_space")
+        extras = {k: v.cpu() for k, v in out.extras.items()}
+        return action, extras, tuple(s.cpu() for s in state), version
 
     def _reset(self, env_ids: torch.Tensor, run_ids: torch.Tensor) -> None:
         """An actor (re)started: its envs begin anew, with no state and no partial unroll."""

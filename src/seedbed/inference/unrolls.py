@@ -44,7 +44,11 @@ class UnrollBuilder:
         )
 
     def append(
-        self, env_ids: torch.Tensor, step: dict[str, torch.Tensor], state: State, version: int
+        self,
+        env_ids: torch.Tensor,
+        step: dict[str, torch.Tensor],
+        state: State,
+        version: int | torch.Tensor,
     ) -> Unrolls | None:
         """Add one step for each of ``env_ids``; return the unrolls this completed, if any.
 
@@ -52,7 +56,7 @@ class UnrollBuilder:
             env_ids: [k] int64 environment ids, each at most once.
             step: fields of this step, each [k, ...] on the CPU.
             state: the recurrent state the step was acted from (before it), each [k, ...].
-            version: the parameter version that acted.
+            version: the parameter version that acted: one for all, or [k] (local actors).
         """
         if not self._buffers:
             self._allocate(step, state)

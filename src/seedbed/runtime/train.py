@@ -35,7 +35,10 @@ from seedbed.config import RunConfig
 from seedbed.energy import EnergyMeter
 from seedbed.envs import make_spec
 from seedbed.errors import SeedbedError
+from seedbed.inference.local import LocalActing, acted_fields
+from seedbed.inference.publish import PolicyPublisher
 from seedbed.inference.server import InferenceServer, InferenceStats
+from seedbed.quantize import encode_policy
 from seedbed.replay import PrioritizedReplay, UnrollQueue
 from seedbed.replicate import ReplicaContext, Replicator, spawn
 from seedbed.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -48,7 +51,7 @@ from seedbed.telemetry import (
     write_json_atomic,
 )
 from seedbed.transport.remote import ActorGateway, Assignment, read_secret
-from seedbed.transport.shm import SharedMemoryServer
+from seedbed.transport.shm import PolicyBoard, SharedMemoryServer
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +91,9 @@ class TrainingRun:
         self.secrets = self._read_secrets()
         # Before the networks exist, and alike on every replica: the seed fixes their init too.
         torch.manual_seed(cfg.seed)
-        self.agent = make_agent(cfg.agent, self.spec, config.agent, self.device, cfg.num_envs)
+        self.agent = make_agent(
+            cfg.agent, self.spec, config.agent, self.device, self.layout.num_envs
+        )
         self.window = EpisodeWindow(100)
         self.frames = self.learner_steps = 0
         self.wall_offset = 0.0
@@ -105,6 +110,7 @@ class TrainingRun:
         self.checkpoints = self.run_dir / "checkpoints"
         self.supervisor: ActorSupervisor | None = None  # set while running
         self.server: InferenceServer | None = None
+        self.publisher: PolicyPublisher | None = None
         self.buffer: UnrollQueue | PrioritizedReplay | None = None
         self.gateway: ActorGateway | None = None
         self.actor_times = np.zeros((0, 2))  # per actor slot: stepping envs, waiting
@@ -176,9 +182,16 @@ class TrainingRun:
         cfg = self.layout
         ctx = multiprocessing.get_context("spawn")
         queue = self.agent.make_buffer(cfg.unroll, cfg.queue_size, cfg.batch, cfg.seed)
+        local = cfg.inference == "local"
         transport = SharedMemoryServer(
-            cfg.num_slots, cfg.envs_per_actor, self.spec.obs_shape, self.spec.obs_dtype, ctx
+            cfg.num_slots,
+            cfg.envs_per_actor,
+            self.spec.obs_shape,
+            self.spec.obs_dtype,
+            ctx,
+            acted=acted_fields(self.agent, self.spec) if local else (),
         )
+        board = self._policy_board() if local else None
         server = InferenceServer(
             self.agent,
             transport,
@@ -189,14 +202,27 @@ class TrainingRun:
             cfg.inference_timeout_ms / 1000.0,
             self.device,
             frames_per_step=self.spec.frame_skip,
+            precision=cfg.precision,
         )
         self._frames_base = self.frames  # the servers count this session's frames
-        server.publish(self.agent.network, self.learner_steps)
+        self.publisher = PolicyPublisher(
+            self.agent.network,
+            server,
+            board,
+            cfg.actor_precision if local else cfg.precision,
+            cfg.broadcast_every,
+        )
+        self.publisher.publish(self.learner_steps, force=True)
+        acting = (
+            LocalActing(cfg.agent, self.config.agent, self.spec, cfg.num_envs, board.handle)
+            if board is not None
+            else None
+        )
         supervisor = ActorSupervisor(
             cfg.actors,
             transport.connect,
             run_actor,
-            (cfg.env, cfg.envs_per_actor, cfg.atari_settings()),
+            (cfg.env, cfg.envs_per_actor, cfg.atari_settings(), acting),
             cfg.seed,
             ctx,
             cfg.max_actor_restarts,
@@ -245,6 +271,8 @@ class TrainingRun:
             supervisor.stop()
             self.actor_times = transport.actor_times()
             transport.close()  # remote actors' streams end here: they are told training is over
+            if board is not None:
+                board.close()
             if gateway is not None:
                 gateway.stop()
             if logger is not None:
@@ -256,6 +284,11 @@ class TrainingRun:
         if error is not None:
             raise error
         return summary
+
+    def _policy_board(self) -> PolicyBoard:
+        """Where local actors find the newest policy; fp32 is the largest payload there is (the
+        slack is for its header, whose version number grows)."""
+        return PolicyBoard(len(encode_policy(self.agent.network, "fp32", 0)) + 64)
 
     def _gateway(self, transport: SharedMemoryServer) -> ActorGateway:
         """The listener for remote actors; they take the slots after the local actors'."""
@@ -307,7 +340,7 @@ class TrainingRun:
                 queue.learned(batch)
                 watch.lap("learning")
                 self.learner_steps += 1
-                server.publish(self.agent.network, self.learner_steps)
+                self.publisher.publish(self.learner_steps, batch)
                 watch.lap("publishing")
                 acc.add(metrics, (self.learner_steps - 1 - batch.policy_version).float().mean())
             if supervisor.error is not None:
@@ -353,6 +386,7 @@ class TrainingRun:
             "learner_steps": self.learner_steps,
             "inference_batch": stats.batch_envs / stats.batches if stats.batches else None,
             "actor_restarts": self.actor_restarts,
+            **(self.publisher.take() if self.publisher.measured else {}),
         }
         if logger is not None:
             logger.log(row)
@@ -446,6 +480,11 @@ class TrainingRun:
             "target_return": cfg.target_return,
             "target_reached_frames": (self.target_reached or {}).get("frames"),
             "target_reached_wall_s": (self.target_reached or {}).get("wall_s"),
+            "inference": {
+                "mode": cfg.inference,
+                "precision": cfg.actor_precision if cfg.inference == "local" else cfg.precision,
+                **self.publisher.summary(),
+            },
             "device": str(self.device),
             "torso_dtype": None if dtype is None else str(dtype).removeprefix("torch."),
             "time_shares": self._time_shares(),

@@ -34,6 +34,10 @@ class Request:
     limit rather than ended by the task, so the learner may still bootstrap it. ``run_id[i]``
     changes when the actor owning the env restarted, so the server can drop that env's recurrent
     state and partial unroll.
+
+    ``acted`` is set when the actors chose the actions themselves (local inference): their
+    actions, the policy version they acted with, the agent's extras (e.g. logits) and the
+    recurrent state they acted from, each [k, ...] by name; the server then only records.
     """
 
     env_ids: np.ndarray  # [k] int64
@@ -43,6 +47,7 @@ class Request:
     truncated: np.ndarray  # [k] bool, only where done
     run_id: np.ndarray  # [k] int64
     route: Any = None  # the transport's own note of where the answers go
+    acted: dict[str, np.ndarray] | None = None  # local inference: what the actors did
 
 
 class ServerTransport(Protocol):

@@ -1,7 +1,8 @@
 """Shared-memory transport: actors on the learner's host, arrays written once, indices on pipes.
 
 One shared block per field holds every environment's row (observation, reward, done, truncated,
-action); actor ``a`` owns rows ``[a*E, (a+1)*E)``. An actor writes its rows, then writes an
+action, and with local inference what the actor acted: see ``Request.acted``); actor ``a`` owns
+rows ``[a*E, (a+1)*E)``. An actor writes its rows, then writes an
 8-byte record (actor, generation) to a pipe all actors share; the server reads many records with
 one syscall, answers by writing actions into the rows and one byte to the actor's own reply pipe.
 Pipe writes this small are atomic, so a dying actor cannot corrupt the channel, and the generation
@@ -27,6 +28,7 @@ from seedbed.transport.base import CallClock, Request
 
 _RECORD = np.dtype([("actor", "<i4"), ("generation", "<i4")])
 _FIELDS = ("obs", "reward", "done", "truncated", "action", "actor_times")
+_ACTED = "acted:"  # prefix of the local-inference fields' block names
 _IDLE_POLL_MS = 100  # how long recv waits for a first request before returning None
 
 
@@ -39,9 +41,17 @@ class Layout:
     envs_per_actor: int
     obs_shape: tuple[int, ...]
     obs_dtype: str
+    # Local inference: the fields actors fill in themselves, (name, shape per env, dtype).
+    acted: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+
+    def fields(self) -> tuple[str, ...]:
+        return (*_FIELDS, *(_ACTED + name for name, _, _ in self.acted))
 
     def shape_dtype(self, field: str) -> tuple[tuple[int, ...], np.dtype]:
         n = self.num_actors * self.envs_per_actor
+        if field.startswith(_ACTED):
+            shape, dtype = next((s, d) for name, s, d in self.acted if _ACTED + name == field)
+            return (n, *shape), np.dtype(dtype)
         return {
             "obs": ((n, *self.obs_shape), np.dtype(self.obs_dtype)),
             "reward": ((n,), np.dtype(np.float32)),
@@ -54,7 +64,7 @@ class Layout:
 
 def _attach(layout: Layout, create: bool) -> tuple[dict[str, shared_memory.SharedMemory], dict]:
     blocks, arrays = {}, {}
-    for field in _FIELDS:
+    for field in layout.fields():
         shape, dtype = layout.shape_dtype(field)
         size = max(1, math.prod(shape) * dtype.itemsize)
         if create:
@@ -95,14 +105,16 @@ class SharedMemoryServer:
         obs_shape: tuple[int, ...],
         obs_dtype: str,
         context: Any,
+        acted: tuple[tuple[str, tuple[int, ...], str], ...] = (),
     ) -> None:
+        """``acted``: with local inference, the fields actors send besides their step
+        (``Layout.acted``); requests then carry them as ``Request.acted``."""
         self._ctx = context
         self._envs = envs_per_actor
-        self._blocks, self._arrays = _attach(
-            Layout({}, num_actors, envs_per_actor, tuple(obs_shape), obs_dtype), create=True
-        )
+        layout = Layout({}, num_actors, envs_per_actor, tuple(obs_shape), obs_dtype, acted)
+        self._blocks, self._arrays = _attach(layout, create=True)
         names = {field: block.name for field, block in self._blocks.items()}
-        self.layout = Layout(names, num_actors, envs_per_actor, tuple(obs_shape), obs_dtype)
+        self.layout = dataclasses.replace(layout, names=names)
         self._requests_r, self._requests_w = context.Pipe(duplex=False)
         self._poller = select.poll()
         self._poller.register(self._requests_r.fileno(), select.POLLIN)
@@ -168,6 +180,7 @@ class SharedMemoryServer:
             env_ids = (actors[:, None] * e + np.arange(e)).reshape(-1)
             rows = env_ids
         run_id = np.repeat(generations.astype(np.int64), e)
+        acted = {name: a[_ACTED + name][rows] for name, _, _ in self.layout.acted}
         return Request(
             env_ids,
             a["obs"][rows],
@@ -176,6 +189,7 @@ class SharedMemoryServer:
             a["truncated"][rows],
             run_id,
             route=(actors, generations, rows),
+            acted=acted or None,
         )
 
     def send(self, request: Request, actions: np.ndarray) -> None:
@@ -223,26 +237,45 @@ class SharedMemoryClient:
         self._obs, self._reward = arrays["obs"][rows], arrays["reward"][rows]
         self._done, self._action = arrays["done"][rows], arrays["action"][rows]
         self._truncated = arrays["truncated"][rows]
+        self._acted = {name: arrays[_ACTED + name][rows] for name, _, _ in layout.acted}
+        self._waiting = False  # the clock is in a call since submit
         self._clock = CallClock(arrays["actor_times"][endpoint.actor])
         self._record = np.array([(endpoint.actor, endpoint.generation)], _RECORD).tobytes()
         self._req_fd = endpoint.requests.fileno()
         self._reply_fd = endpoint.replies.fileno()
 
     def call(
-        self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
+        self,
+        obs: np.ndarray,
+        reward: np.ndarray,
+        done: np.ndarray,
+        truncated: np.ndarray,
+        acted: dict[str, np.ndarray] | None = None,
     ) -> np.ndarray:
-        self.submit(obs, reward, done, truncated)
+        self.submit(obs, reward, done, truncated, acted)
         return self.collect()
 
     def submit(
-        self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
+        self,
+        obs: np.ndarray,
+        reward: np.ndarray,
+        done: np.ndarray,
+        truncated: np.ndarray,
+        acted: dict[str, np.ndarray] | None = None,
     ) -> None:
-        """The first half of ``call``: write the step and ask for its actions."""
+        """The first half of ``call``: write the step and ask for its actions (with local
+        inference, ``acted`` holds the fields the layout names, and the answer only says the
+        learner has recorded the step, so the rows may be written again)."""
         self._obs[...] = obs
         self._reward[...] = reward
         self._done[...] = done
         self._truncated[...] = truncated
-        self._clock.enter()
+        for name, rows in self._acted.items():
+            rows[...] = acted[name]
+        # A local actor works on between submit and collect: it waits only inside collect.
+        self._waiting = acted is None
+        if self._waiting:
+            self._clock.enter()
         try:
             os.write(self._req_fd, self._record)
         except OSError as e:
@@ -250,6 +283,8 @@ class SharedMemoryClient:
 
     def collect(self) -> np.ndarray:
         """The second half: wait for the answer (at once, if ``reply_fd`` is readable)."""
+        if not self._waiting:
+            self._clock.enter()
         try:
             answered = os.read(self._reply_fd, 1)
         except OSError as e:
@@ -266,8 +301,80 @@ class SharedMemoryClient:
 
     def close(self) -> None:
         self._obs = self._reward = self._done = self._truncated = self._action = None
+        self._acted = {}
         self._clock = None
         for block in self._blocks.values():
             block.close()
         self._endpoint.requests.close()
         self._endpoint.replies.close()
+
+
+_BOARD_HEADER = np.dtype([("sequence", "<i8"), ("version", "<i8"), ("size", "<i8")])
+
+
+@dataclasses.dataclass(frozen=True)
+class BoardHandle:
+    """What an actor needs to read a ``PolicyBoard`` (plain data, picklable for spawn)."""
+
+    name: str
+    capacity: int
+
+    def open(self) -> PolicyBoard:
+        return PolicyBoard(self.capacity, name=self.name)
+
+
+class PolicyBoard:
+    """The newest policy broadcast in shared memory: the learner posts, actors read.
+
+    One writer, many readers, no lock: a sequence number is odd while a post is being written,
+    and a reader keeps a copy only if the number was even and unchanged around its read (a
+    seqlock). A reader that runs into a post retries; the payload's own checksum is a second
+    guard against a torn copy.
+    """
+
+    def __init__(self, capacity: int, name: str | None = None) -> None:
+        """Create a board for payloads of up to ``capacity`` bytes, or attach to ``name``."""
+        self.capacity = capacity
+        size = _BOARD_HEADER.itemsize + capacity
+        self._owner = name is None
+        self._block = shared_memory.SharedMemory(name=name, create=self._owner, size=size)
+        self._header = np.ndarray((), _BOARD_HEADER, buffer=self._block.buf)
+        self._payload = np.ndarray((capacity,), np.uint8, self._block.buf, _BOARD_HEADER.itemsize)
+        if self._owner:
+            self._header[()] = (0, -1, 0)
+
+    @property
+    def handle(self) -> BoardHandle:
+        return BoardHandle(self._block.name, self.capacity)
+
+    def post(self, payload: bytes, version: int) -> None:
+        """Publish ``payload`` as policy ``version`` (the learner's side)."""
+        if len(payload) > self.capacity:
+            raise ValueError(f"a {len(payload)}-byte policy exceeds the board's {self.capacity}")
+        header = self._header
+        header["sequence"] += 1  # odd: being written
+        self._payload[: len(payload)] = np.frombuffer(payload, np.uint8)
+        header["size"], header["version"] = len(payload), version
+        header["sequence"] += 1
+
+    def read(self, newer_than: int) -> tuple[bytes, int] | None:
+        """The posted payload and its version, if newer than ``newer_than``; else None."""
+        header = self._header
+        while True:
+            before = int(header["sequence"])
+            version = int(header["version"])
+            if before % 2 == 0 and version <= newer_than:
+                return None
+            if before % 2 == 0:
+                size = int(header["size"])
+                payload = self._payload[:size].tobytes()
+                if int(header["sequence"]) == before:
+                    return payload, version
+            time.sleep(0.0001)  # a post is being written
+
+    def close(self) -> None:
+        """Detach; the learner's board is also freed."""
+        self._header = self._payload = None
+        self._block.close()
+        if self._owner:
+            self._block.unlink()

@@ -1,0 +1,91 @@
+"""Hands the learner's newest policy to whoever acts, and measures what a broadcast costs.
+
+Central inference at full precision takes the parameters after every update (a copy in place).
+An int8 central copy, and local actors, take a broadcast every ``--broadcast-every`` updates:
+quantized once by the learner (``seedbed.quantize``), and for local actors posted as bytes to
+their ``PolicyBoard``. Each quantized broadcast's error, the largest change of the network's
+outputs on the inputs of the batch just learned from, is kept for the metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from seedbed.agents.base import Unrolls
+from seedbed.inference.server import InferenceServer
+from seedbed.quantize import decode_policy, encode_policy, policy_error
+from seedbed.transport.shm import PolicyBoard
+
+_PROBE_ENVS = 64  # environments of a learned batch that the quantization error is measured on
+
+
+class PolicyPublisher:
+    """Publishes ``network`` after learner updates: to ``server``, or to local actors' ``board``."""
+
+    def __init__(
+        self,
+        network: torch.nn.Module,
+        server: InferenceServer,
+        board: PolicyBoard | None,
+        precision: str,
+        every: int,
+    ) -> None:
+        self.network = network
+        self.server = server
+        self.board = board
+        self.precision = precision  # the actors' (local) or central inference's
+        self.every = every
+        self.broadcast_bytes: int | None = None  # of the last post to local actors
+        self._errors: list[float] = []
+        self._error_max = 0.0
+
+    @property
+    def measured(self) -> bool:
+        """Whether broadcasts have a size or an error to report."""
+        return self.board is not None or self.precision != "fp32"
+
+    def publish(self, version: int, batch: Unrolls | None = None, force: bool = False) -> None:
+        """After update ``version``: broadcast if one is due (or ``force``); ``batch`` is what
+        was just learned from, whose inputs measure the quantization error."""
+        if self.board is None and self.precision == "fp32":
+            self.server.publish(self.network, version)  # a plain copy: every update
+            return
+        if version % self.every and not force:
+            return
+        if self.board is None:
+            self.server.publish(self.network, version)
+            acting = self.server.net
+        else:
+            payload = encode_policy(self.network, self.precision, version)
+            self.board.post(payload, version)
+            self.broadcast_bytes = len(payload)
+            acting = None if self.precision == "fp32" else decode_policy(payload, self.network)[0]
+        if acting is not None and batch is not None:
+            error = policy_error(self.network, acting, _probe(batch))
+            self._errors.append(error)
+            self._error_max = max(self._error_max, error)
+
+    def take(self) -> dict[str, Any]:
+        """Metrics since the last call: broadcast bytes and mean quantization error."""
+        errors, self._errors = self._errors, []
+        return {
+            "broadcast_bytes": self.broadcast_bytes,
+            "quantization_error": sum(errors) / len(errors) if errors else None,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "broadcast_every": self.every,
+            "broadcast_bytes": self.broadcast_bytes,
+            "quantization_error_max": self._error_max if self.precision != "fp32" else None,
+        }
+
+
+def _probe(batch: Unrolls) -> tuple:
+    """The network's inputs for the first step of up to ``_PROBE_ENVS`` unrolls of ``batch``."""
+    envs = slice(0, _PROBE_ENVS)
+    steps = {k: batch.steps[k][:1, envs] for k in ("obs", "prev_action", "reward", "done")}
+    state = tuple(s[envs] for s in batch.initial_state)
+    return (steps["obs"], steps["prev_action"], steps["reward"], steps["done"], state)

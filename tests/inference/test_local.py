@@ -1,0 +1,169 @@
+"""Local inference: what actors acted travels through shared memory, the policy board, the
+actor's own policy, and the server recording instead of acting."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import numpy as np
+import pytest
+import torch
+
+from seedbed.agents import make_agent
+from seedbed.config import resolve
+from seedbed.envs import EnvSpec
+from seedbed.inference.local import LocalActing, LocalPolicy, acted_fields
+from seedbed.inference.server import InferenceServer
+from seedbed.quantize import encode_policy
+from seedbed.replay import UnrollQueue
+from seedbed.transport.base import Request
+from seedbed.transport.inprocess import InProcessServer
+from seedbed.transport.shm import PolicyBoard, SharedMemoryServer
+
+SPEC = EnvSpec("test", (3,), "float32", 2)
+FIELDS = (("action", (), "int64"), ("version", (), "int64"), ("logits", (2,), "float32"))
+STEPS = 20
+
+
+def _acted(actor: int, t: int, envs: int) -> dict[str, np.ndarray]:
+    rows = np.arange(envs) + 10 * actor
+    return {
+        "action": (rows + t) % 2,
+        "version": np.full(envs, t, np.int64),
+        "logits": np.stack([rows + t, -rows - t], axis=1).astype(np.float32),
+    }
+
+
+def _local_actor(endpoint, actor: int, envs: int) -> None:
+    """Submit STEPS steps with what was acted, collecting each answer before the next."""
+    client = endpoint.open()
+    for t in range(STEPS):
+        obs = np.full((envs, 3), t, np.float32)
+        client.submit(obs, np.zeros(envs, np.float32), np.zeros(envs, bool), np.zeros(envs, bool),
+                      _acted(actor, t, envs))  # fmt: skip
+        client.collect()
+    client.close()
+
+
+def test_what_actors_acted_travels_with_their_steps(no_leaks):
+    ctx = multiprocessing.get_context("spawn")
+    actors, envs = 2, 3
+    server = SharedMemoryServer(actors, envs, (3,), "float32", ctx, acted=FIELDS)
+    procs = []
+    try:
+        for actor in range(actors):
+            endpoint = server.connect(actor)
+            procs.append(ctx.Process(target=_local_actor, args=(endpoint, actor, envs)))
+            procs[-1].start()
+            endpoint.close_parent_copy()
+        served = 0
+        while served < actors * envs * STEPS:
+            request = server.recv(actors * envs, 0.01)
+            if request is None:
+                continue
+            for actor in np.unique(request.env_ids // envs):
+                mine = request.env_ids // envs == actor
+                t = int(request.obs[mine][0, 0])
+                for name, want in _acted(int(actor), t, envs).items():
+                    np.testing.assert_array_equal(request.acted[name][mine], want)
+            served += len(request.env_ids)
+            server.send(request, request.acted["action"])
+        for p in procs:
+            p.join(30)
+        assert [p.exitcode for p in procs] == [0] * actors
+    finally:
+        server.close()
+
+
+def _reader(handle, posts: int, bad) -> None:
+    board = handle.open()
+    seen = -1
+    while seen < posts - 1:
+        post = board.read(seen)
+        if post is None:
+            continue
+        payload, version = post
+        # A post v holds v+1 bytes of value v % 251: a torn read would mix two posts.
+        if len(payload) != version + 1 or set(payload) != {version % 251} or version <= seen:
+            bad.value = 1
+        seen = version
+    board.close()
+
+
+def test_the_policy_board_never_gives_a_torn_or_old_post(no_leaks):
+    ctx = multiprocessing.get_context("spawn")
+    posts = 2000
+    board = PolicyBoard(posts)
+    bad = ctx.Value("b", 0)
+    reader = ctx.Process(target=_reader, args=(board.handle, posts, bad))
+    try:
+        assert board.read(-1) is None  # nothing posted yet
+        reader.start()
+        for version in range(posts):
+            board.post(bytes([version % 251]) * (version + 1), version)
+        reader.join(60)
+        assert reader.exitcode == 0 and bad.value == 0
+        assert board.read(posts - 1) is None  # nothing newer
+        with pytest.raises(ValueError, match="exceeds the board"):
+            board.post(b"x" * (posts + 1), posts)
+    finally:
+        board.close()
+
+
+def _agent(hidden: str = "8", **settings):
+    config = resolve([{"hidden_sizes": hidden, **settings}])
+    return make_agent(config.train.agent, SPEC, config.agent, "cpu", 8), config
+
+
+@pytest.mark.parametrize("lstm", [False, True])
+def test_an_actors_policy_acts_with_the_newest_broadcast(lstm, no_leaks):
+    torch.manual_seed(0)
+    agent, config = _agent(hidden="256,256", lstm=lstm, lstm_size=8)
+    board = PolicyBoard(len(encode_policy(agent.network, "fp32", 0)) + 64)
+    try:
+        board.post(encode_policy(agent.network, "int8", 3), 3)
+        acting = LocalActing("vtrace", config.agent, SPEC, 8, board.handle)
+        policy = LocalPolicy(acting, first_env=4, num_envs=2, seed=1)
+        obs = np.random.default_rng(0).normal(size=(2, 3)).astype(np.float32)
+        acted = policy.act(obs, np.zeros(2, np.float32), np.ones(2, bool))
+        fields = {name: (shape, dtype) for name, shape, dtype in acted_fields(agent, SPEC)}
+        assert set(acted) == set(fields)
+        for name, value in acted.items():
+            assert value.shape == (2, *fields[name][0]) and value.dtype == fields[name][1], name
+        assert acted["version"].tolist() == [3, 3] and policy.version == 3
+        assert set(acted["action"].tolist()) <= {0, 1}
+        board.post(encode_policy(agent.network, "fp16", 7), 7)
+        policy.act(obs, np.zeros(2, np.float32), np.zeros(2, bool))
+        assert policy.version == 7
+        policy.close()
+    finally:
+        board.close()
+
+
+def test_the_server_records_what_local_actors_acted():
+    agent, _ = _agent()
+    transport = InProcessServer(num_actors=1, envs_per_actor=2)
+    transport.connect(0)
+    queue = UnrollQueue(10)
+    server = InferenceServer(agent, transport, queue, 2, (2, 1), 2, 0.0, "cpu")
+    for t in range(3):
+        acted = _acted(0, t, 2)
+        acted["version"] = np.array([t, 5 + t])  # each env acted with its own version
+        server.step(
+            Request(
+                env_ids=np.array([0, 1]),
+                obs=np.full((2, 3), t, np.float32),
+                reward=np.ones(2, np.float32),
+                done=np.array([t == 0] * 2),
+                truncated=np.zeros(2, bool),
+                run_id=np.array([1, 1]),
+                route=[(0, transport._generation[0])],
+                acted=acted,
+            )
+        )
+    unrolls = queue.get(2, timeout=1)
+    want = [_acted(0, t, 2) for t in range(3)]
+    assert unrolls.steps["action"].tolist() == [w["action"].tolist() for w in want]
+    assert unrolls.steps["logits"].tolist() == [w["logits"].tolist() for w in want]
+    assert unrolls.steps["prev_action"][1:].tolist() == unrolls.steps["action"][:-1].tolist()
+    assert unrolls.policy_version.tolist() == [0, 5]
