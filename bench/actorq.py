@@ -2,6 +2,8 @@
 
     python bench/actorq.py speed                          # E = 32, 64, 128; 1 and 2 threads
     python bench/actorq.py speed --envs 32 --threads 1 --kernels
+    python bench/actorq.py runs --seeds 0 1 2             # DQN on CartPole: central vs local
+    python bench/actorq.py runs -- --agent d4pg --env dmc:cartpole-balance --target-return 800
 
 ``speed`` prints JSON. An actor steps E CartPole envs together and samples their actions from
 a policy MLP of three 512-wide hidden layers, decoded from the learner's broadcast payload
@@ -17,6 +19,12 @@ steps/s (random actions, no policy) bounds what any policy speed-up can give: wh
 envs takes as long as the fp32 policy, even a free policy only doubles the rate. ``--kernels``
 adds the int8 forward under each quantized engine, the fp16 forward computed three ways, and,
 for reference, PyTorch's weight-only int8 kernel (float activations: not ActorQ's int8).
+
+``runs`` trains with ``seedbed train`` (a subprocess per run, the same seeds for every setup):
+central fp32 inference, then local actors at fp32, fp16 and int8, by default DQN on CartPole
+with the 3x512 MLP. Per setup it prints, over seeds: how many reached the target, the median wall
+time and frames to it, the final 100-episode return, actor steps/s (env steps per second over
+the run), broadcast bytes, kWh and kg CO2e; and the same as a Markdown table (QuaRL's layout).
 """
 
 from __future__ import annotations
@@ -26,8 +34,13 @@ import copy
 import functools
 import json
 import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -262,6 +275,69 @@ class WeightOnlyInt8(nn.Module):
         return heads[0][None], heads[1][None], state
 
 
+SETUPS = {
+    "central fp32": ["--inference", "central"],
+    "local fp32": ["--inference", "local", "--actor-precision", "fp32"],
+    "local fp16": ["--inference", "local", "--actor-precision", "fp16"],
+    "local int8": ["--inference", "local", "--actor-precision", "int8"],
+}
+RUN_DEFAULTS = ["--agent", "dqn", "--hidden-sizes", "512,512,512", "--target-return", "195",
+                "--total-frames", "500000"]  # fmt: skip
+
+
+def train_once(flags: list[str], run_dir: Path) -> dict:
+    command = [sys.executable, "-m", "seedbed", "train", "--run-dir", str(run_dir), "--no-progress"]
+    subprocess.run([*command, *flags], check=True, capture_output=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    energy = summary["energy"] or {}
+    return {
+        "wall_s_to_target": summary["target_reached_wall_s"],
+        "frames_to_target": summary["target_reached_frames"],
+        "final_return": summary["mean_return_100"],
+        "actor_steps_per_s": summary["mean_fps"],
+        "broadcast_bytes": summary["inference"]["broadcast_bytes"],
+        "quantization_error_max": summary["inference"]["quantization_error_max"],
+        "kwh": energy.get("energy_kwh"),
+        "kg_co2e": energy.get("emissions_kg_co2e"),
+    }
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 6) if values else None
+
+
+def runs(args: argparse.Namespace) -> dict:
+    extra = RUN_DEFAULTS + args.extra
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, flags in SETUPS.items():
+            per_seed = [
+                train_once([*extra, *flags, "--seed", str(seed)], Path(tmp) / f"{name}-{seed}")
+                for seed in args.seeds
+            ]
+            row = {key: _median([r[key] for r in per_seed]) for key in per_seed[0]}
+            reached = sum(r["frames_to_target"] is not None for r in per_seed)
+            results[name] = {"reached": f"{reached}/{len(per_seed)}", **row, "seeds": per_seed}
+    head = "| setup | reached | s to target | frames to target | final return | steps/s | "
+    head += "broadcast bytes | kWh | kg CO2e |"
+    table = [head, "|" + "---|" * 9]
+    for name, r in results.items():
+        cells = [name, r["reached"], r["wall_s_to_target"], r["frames_to_target"]]
+        cells += [r["final_return"], r["actor_steps_per_s"], r["broadcast_bytes"]]
+        cells += [r["kwh"], r["kg_co2e"]]
+        table.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
+    return {
+        "benchmark": "actorq runs",
+        "machine": machine(),
+        "command": "seedbed train " + " ".join(extra),
+        "setups": SETUPS,
+        "seeds": args.seeds,
+        "results": results,
+        "table": table,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -273,7 +349,10 @@ def main() -> None:
     s.add_argument("--rounds", type=int, default=5, help="runs per figure, best kept")
     s.add_argument("--kernels", action="store_true", help="int8 and fp16 kernel alternatives")
     s.set_defaults(run=speed)
-    # ``runs`` goes here: training runs at fp32, fp16 and int8 actor precision over seeds.
+    r = sub.add_parser("runs", help="training runs: central, and local fp32, fp16 and int8 actors")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    r.add_argument("extra", nargs="*", help="flags for seedbed train (after --); they win")
+    r.set_defaults(run=runs)
     args = p.parse_args()
     print(json.dumps(args.run(args), indent=2))
 
