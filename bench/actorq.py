@@ -12,9 +12,9 @@ batch E and torch thread count it reports the actor's env steps/s, the policy fo
 batch, and the ratios to fp32; per precision the payload bytes and encode/decode times. Each
 figure is the best of ``--rounds`` runs taken in turn, since the machine may be shared.
 
-Two env vectors are measured: ``sync``, Gymnasium's SyncVectorEnv of single envs, as
-``seedbed.envs.make_vector_env`` builds it, and ``numpy``, Gymnasium's own CartPole stepping all
-E envs in one numpy call (it resets an ended episode one step later: the same work). Env-only
+Two env vectors are measured: ``numpy``, what ``seedbed.envs.make_vector_env`` gives actors
+(Gymnasium's CartPole stepping all E envs in one numpy call, restarting episodes on the step they
+end), and ``sync``, Gymnasium's SyncVectorEnv of E single envs (each step ~10 us per env). Env-only
 steps/s (random actions, no policy) bounds what any policy speed-up can give: where stepping the
 envs takes as long as the fp32 policy, even a free policy only doubles the rate. ``--kernels``
 adds the int8 forward under each quantized engine, the fp16 forward computed three ways, and,
@@ -49,9 +49,12 @@ from machine import machine
 from torch import nn
 from torch.ao.quantization import float16_dynamic_qconfig, quantize_dynamic
 
+from seedbed.agents import make_agent
+from seedbed.config import resolve
 from seedbed.envs import EnvSpec, make_vector_env
-from seedbed.nets import make_actor_critic
+from seedbed.inference.local import LocalActing, LocalPolicy
 from seedbed.quantize import PRECISIONS, decode_policy, encode_policy
+from seedbed.transport.shm import PolicyBoard
 
 SPEC = EnvSpec("CartPole-v1", (4,), "float32", 2)
 HIDDEN = (512, 512, 512)
@@ -59,9 +62,12 @@ GOAL = "int8 actors reach >= 2x the fp32 actor steps/s at actor batch >= 32"
 
 
 def make_envs(vector: str, num_envs: int):
-    if vector == "sync":
+    if vector == "numpy":
         return make_vector_env(SPEC.env_id, num_envs, seed=0)
-    return gym.make_vec(SPEC.env_id, num_envs, vectorization_mode="vector_entry_point")
+    return gym.vector.SyncVectorEnv(
+        [lambda: gym.make(SPEC.env_id) for _ in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
 
 
 Run = Callable[[float], tuple[int, float]]  # seconds -> (count, elapsed seconds)
@@ -78,32 +84,37 @@ def best_rates(runs: dict[str, Run], seconds: float, rounds: int) -> dict[str, f
     return best
 
 
-def act(net: nn.Module | None, envs, seconds: float) -> tuple[int, float]:
-    """Env steps an actor takes in about ``seconds``, sampling actions from ``net`` (random
-    actions where ``net`` is None), and the time taken."""
+def act(policy: LocalPolicy | None, envs, seconds: float) -> tuple[int, float]:
+    """Env steps an actor takes in about ``seconds``: a local-inference actor's own loop, its
+    ``LocalPolicy`` acting (random actions where ``policy`` is None), and the time taken."""
     num_envs = envs.num_envs
     obs, _ = envs.reset(seed=0)
-    prev_action = torch.zeros(1, num_envs, dtype=torch.int64)
-    reward = torch.zeros(1, num_envs)
-    done = torch.zeros(1, num_envs, dtype=torch.bool)
+    reward = np.zeros(num_envs, np.float32)
+    done = np.ones(num_envs, bool)
     rng = np.random.default_rng(0)
     steps, start = 0, time.perf_counter()
     end = start + seconds
-    with torch.inference_mode():
-        while time.perf_counter() < end:
-            if net is None:
-                action = rng.integers(0, SPEC.num_actions, num_envs)
-            else:
-                logits, _, _ = net(torch.from_numpy(obs)[None], prev_action, reward, done, ())
-                chosen = torch.multinomial(logits[0].softmax(-1), 1).squeeze(1)
-                prev_action, action = chosen[None], chosen.numpy()
-            obs, r, terminated, truncated, _ = envs.step(action)
-            reward, done = (
-                torch.from_numpy(r).float()[None],
-                torch.from_numpy(terminated | truncated)[None],
-            )
-            steps += num_envs
+    while time.perf_counter() < end:
+        if policy is None:
+            action = rng.integers(0, SPEC.num_actions, num_envs)
+        else:
+            action = policy.act(obs, reward, done)["action"]
+        obs, reward, terminated, truncated, _ = envs.step(action)
+        done = terminated | truncated
+        steps += num_envs
     return steps, time.perf_counter() - start
+
+
+def local_policies(net: nn.Module, config, num_envs: int) -> tuple[dict, list[PolicyBoard]]:
+    """An actor's ``LocalPolicy`` per precision, each reading its own board with ``net`` on it."""
+    policies, boards = {}, []
+    for precision in PRECISIONS:
+        board = PolicyBoard(len(encode_policy(net, "fp32", 0)) + 64)
+        board.post(encode_policy(net, precision, 1), 1)
+        acting = LocalActing("vtrace", config, SPEC, num_envs, board.handle)
+        policies[precision] = LocalPolicy(acting, 0, num_envs, seed=0)
+        boards.append(board)
+    return policies, boards
 
 
 def forwards(net: nn.Module, num_envs: int, engine: str | None = None) -> Run:
@@ -156,8 +167,11 @@ def broadcast_costs(net: nn.Module) -> tuple[dict, dict[str, nn.Module]]:
     return costs, nets
 
 
-def measure(nets: dict[str, nn.Module], num_envs: int, args: argparse.Namespace) -> dict:
+def measure(nets: dict[str, nn.Module], config, num_envs: int, args: argparse.Namespace) -> dict:
     """One actor batch size's figures, at the current thread count."""
+    threads = torch.get_num_threads()
+    policies, boards = local_policies(nets["fp32"], config, num_envs)
+    torch.set_num_threads(threads)  # a LocalPolicy sets one thread, as actors run
     forward = best_rates(
         {p: forwards(n, num_envs) for p, n in nets.items()}, args.seconds / 2, args.rounds
     )
@@ -165,7 +179,7 @@ def measure(nets: dict[str, nn.Module], num_envs: int, args: argparse.Namespace)
     row["int8_forward_speedup"] = round(forward["int8"] / forward["fp32"], 2)
     for vector in args.vectors:
         envs = make_envs(vector, num_envs)
-        runs = {p: functools.partial(act, n, envs) for p, n in nets.items()}
+        runs = {p: functools.partial(act, policy, envs) for p, policy in policies.items()}
         runs["env_only"] = functools.partial(act, None, envs)
         rates = best_rates(runs, args.seconds, args.rounds)
         envs.close()
@@ -175,19 +189,22 @@ def measure(nets: dict[str, nn.Module], num_envs: int, args: argparse.Namespace)
             "int8_over_fp32": round(rates["int8"] / rates["fp32"], 2),
             "fp16_over_fp32": round(rates["fp16"] / rates["fp32"], 2),
         }
+    for board in boards:
+        board.close()
     return row
 
 
 def speed(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     torch.set_num_threads(1)  # as an actor decodes (the learner encodes alongside its training)
-    net = make_actor_critic(SPEC, HIDDEN, None).requires_grad_(False)
+    config = resolve([{"hidden_sizes": ",".join(map(str, HIDDEN))}]).agent
+    net = make_agent("vtrace", SPEC, config, "cpu", 1).network.requires_grad_(False)
     costs, nets = broadcast_costs(net)
     load_before = os.getloadavg()
     results = []
     for threads in args.threads:
         torch.set_num_threads(threads)
-        results += [{"threads": threads, **measure(nets, e, args)} for e in args.envs]
+        results += [{"threads": threads, **measure(nets, config, e, args)} for e in args.envs]
     report = {
         "benchmark": "actorq-speed",
         "machine": machine(),
@@ -344,7 +361,7 @@ def main() -> None:
     s = sub.add_parser("speed", help="actor steps/s with fp32, fp16 and int8 policies")
     s.add_argument("--envs", type=int, nargs="+", default=[32, 64, 128], help="actor batch E")
     s.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads")
-    s.add_argument("--vectors", nargs="+", default=["sync", "numpy"], choices=["sync", "numpy"])
+    s.add_argument("--vectors", nargs="+", default=["numpy", "sync"], choices=["numpy", "sync"])
     s.add_argument("--seconds", type=float, default=0.5, help="per measured run")
     s.add_argument("--rounds", type=int, default=5, help="runs per figure, best kept")
     s.add_argument("--kernels", action="store_true", help="int8 and fp16 kernel alternatives")

@@ -13,6 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode
 
 from seedbed import atari
@@ -60,6 +61,30 @@ class NoopEnv(gym.Env):
         return self._obs, 1.0, self._t >= self.episode_length, False, {}
 
 
+class SameStepCartPole(CartPoleVectorEnv):
+    """Gymnasium's CartPole stepping all E envs in one numpy call, resetting on the step an
+    episode ends (Gymnasium's own resets one step later, with a step that ignores the action).
+
+    E single CartPoles in a SyncVectorEnv cost ~10 us each per step in Python; this costs about
+    as much for all E, so actors spend their time on the policy and the transport instead.
+    """
+
+    metadata = {**CartPoleVectorEnv.metadata, "autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def step(self, action: np.ndarray) -> tuple:
+        obs, reward, terminated, truncated, info = super().step(np.asarray(action))
+        ended = self.prev_done  # episodes that ended on this step: start the next ones now
+        if ended.any():
+            self.state[:, ended] = self.np_random.uniform(self.low, self.high, (4, ended.sum()))
+            self.steps[ended] = 0
+            ended[:] = False  # nothing left for the parent's next step to reset
+            obs = self.state.T.astype(np.float32)
+        return obs, reward, terminated, truncated, info
+
+
+_NUMPY_CARTPOLES = {"CartPole-v0", "CartPole-v1"}
+
+
 if NOOP_ENV_ID not in gym.registry:
     gym.register(NOOP_ENV_ID, entry_point=NoopEnv)
 
@@ -97,6 +122,8 @@ def make_vector_env(
     settings = settings or AtariSettings.defaults()
     if atari.is_atari(env_id) and settings.backend == "envpool":
         return atari.EnvPoolVector(env_id, settings, num_envs, seed)
+    if env_id in _NUMPY_CARTPOLES:
+        return SameStepCartPole(num_envs, gym.spec(env_id).max_episode_steps)
     return gym.vector.SyncVectorEnv(
         [lambda: make_env(env_id, settings) for _ in range(num_envs)],
         autoreset_mode=AutoresetMode.SAME_STEP,
