@@ -39,6 +39,8 @@ class Layout:
     envs_per_actor: int
     obs_shape: tuple[int, ...]
     obs_dtype: str
+    action_shape: tuple[int, ...] = ()  # one env's action: () for discrete, (A,) for a Box
+    action_dtype: str = "int64"
 
     def shape_dtype(self, field: str) -> tuple[tuple[int, ...], np.dtype]:
         n = self.num_actors * self.envs_per_actor
@@ -47,7 +49,7 @@ class Layout:
             "reward": ((n,), np.dtype(np.float32)),
             "done": ((n,), np.dtype(np.bool_)),
             "truncated": ((n,), np.dtype(np.bool_)),
-            "action": ((n,), np.dtype(np.int64)),
+            "action": ((n, *self.action_shape), np.dtype(self.action_dtype)),
             "actor_times": ((self.num_actors, 2), np.dtype(np.float64)),
         }[field]
 
@@ -86,7 +88,11 @@ class ActorEndpoint:
 
 
 class SharedMemoryServer:
-    """The learner's end of the shared-memory transport."""
+    """The learner's end of the shared-memory transport.
+
+    Each env's observation is an ``obs_shape`` array of ``obs_dtype`` and its action one of
+    ``action_shape`` and ``action_dtype`` (the defaults: one int64, a discrete action).
+    """
 
     def __init__(
         self,
@@ -95,14 +101,23 @@ class SharedMemoryServer:
         obs_shape: tuple[int, ...],
         obs_dtype: str,
         context: Any,
+        action_shape: tuple[int, ...] = (),
+        action_dtype: str = "int64",
     ) -> None:
         self._ctx = context
         self._envs = envs_per_actor
-        self._blocks, self._arrays = _attach(
-            Layout({}, num_actors, envs_per_actor, tuple(obs_shape), obs_dtype), create=True
+        layout = Layout(
+            {},
+            num_actors,
+            envs_per_actor,
+            tuple(obs_shape),
+            obs_dtype,
+            tuple(action_shape),
+            action_dtype,
         )
+        self._blocks, self._arrays = _attach(layout, create=True)
         names = {field: block.name for field, block in self._blocks.items()}
-        self.layout = Layout(names, num_actors, envs_per_actor, tuple(obs_shape), obs_dtype)
+        self.layout = dataclasses.replace(layout, names=names)
         self._requests_r, self._requests_w = context.Pipe(duplex=False)
         self._poller = select.poll()
         self._poller.register(self._requests_r.fileno(), select.POLLIN)
