@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint format bench proto clean
+.PHONY: run test test-football football lint format bench proto clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "seedbed needs Python 3.10+"'
@@ -19,6 +19,24 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-football: $(STAMP)
+	$(BIN)/python -m pytest tests/test_football.py $(PYTEST_ARGS)
+
+# Google Research Football (--env football:SCENARIO), optional and never part of `dev`: gfootball
+# 2.10.2 has no wheels, so this builds its C++ engine from source (Debian/Ubuntu, as root or with
+# SUDO=sudo). Its build script runs `python3 -c 'import psutil'`, so the venv goes first on PATH and
+# build isolation is off; --no-deps keeps its opencv-python away from opencv-python-headless.
+FOOTBALL_APT := git cmake build-essential libgl1-mesa-dev libegl1-mesa-dev libsdl2-dev \
+	libsdl2-image-dev libsdl2-ttf-dev libsdl2-gfx-dev libboost-filesystem-dev libboost-system-dev \
+	libboost-thread-dev libboost-python-dev
+football: $(STAMP)
+	$(SUDO) apt-get update
+	$(SUDO) apt-get install -y --no-install-recommends $(FOOTBALL_APT)
+	$(BIN)/python -m pip install --disable-pip-version-check -c constraints.txt -e '.[football]'
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pip install --disable-pip-version-check \
+		-c constraints.txt --no-build-isolation --no-deps gfootball
+	$(BIN)/python -c 'import gfootball.env, gfootball_engine; print("gfootball OK")'
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples

@@ -8,6 +8,17 @@ from pathlib import Path
 import pytest
 
 
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Say in one line when the Football tests were skipped for want of gfootball, so that
+    `make test` shows it among the results rather than only in the skip list."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    reason = "gfootball is not installed"  # test_football.py's skip reason
+    if any("test_football.py" in r.nodeid and reason in str(r.longrepr) for r in skipped):
+        terminalreporter.write_line(
+            "Football tests skipped: gfootball is not installed (`make football` installs it)"
+        )
+
+
 @pytest.fixture
 def no_leaks():
     """Fail if the test leaves shared-memory blocks or child processes behind."""

@@ -432,12 +432,54 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
         "queue_size": 16,
         "threads": 0,
     },
+    # Continuous control: returns have no common target (DM Control's top out at 1,000).
+    "dmc": {"target_return": None, "total_frames": 1_000_000},
+    "mujoco": {"target_return": None, "total_frames": 1_000_000},
+    # Google Research Football on a 2-core CPU: see FOOTBALL_LAYOUT_NOTE below.
+    "football": {
+        "target_return": None,
+        "total_frames": 5_000_000,
+        "actors": 2,
+        "envs_per_actor": 8,
+        "unroll": 16,
+        "batch": 8,
+        "queue_size": 16,
+        "inference_batch": 16,
+        "threads": 0,
+    },
+    # DeepMind Lab: IMPALA's frames are as costly as Atari's; returns have no common target.
+    "dmlab": {"target_return": None, "total_frames": 50_000_000, "threads": 0},
 }
+
+# Gymnasium's MuJoCo tasks (their ids are NAME-vN), told apart without importing gymnasium.
+MUJOCO_TASKS = (
+    "Ant",
+    "HalfCheetah",
+    "Hopper",
+    "Humanoid",
+    "HumanoidStandup",
+    "InvertedDoublePendulum",
+    "InvertedPendulum",
+    "Pusher",
+    "Reacher",
+    "Swimmer",
+    "Walker2d",
+)
 
 
 def env_family(env_id: str) -> str:
-    """The family whose defaults apply to ``env_id``: 'atari' for atari:GAME, else 'classic'."""
-    return "atari" if env_id.startswith("atari:") else "classic"
+    """The family whose defaults apply to ``env_id``: 'atari' for atari:GAME, 'dmc' for
+    dmc:DOMAIN-TASK, 'football' for football:SCENARIO, 'dmlab' for dmlab:LEVEL, 'mujoco' for
+    Gymnasium's MuJoCo ids (HalfCheetah-v5, ...), else 'classic'."""
+    if env_id.startswith("atari:"):
+        return "atari"
+    if env_id.startswith("dmc:"):
+        return "dmc"
+    if env_id.startswith(("football:", "dmlab:")):
+        return env_id.split(":", 1)[0]
+    if env_id.rsplit("-v", 1)[0] in MUJOCO_TASKS:
+        return "mujoco"
+    return "classic"
 
 
 def resolve(layers: list[dict[str, Any]]) -> RunConfig:
@@ -455,7 +497,8 @@ def resolve(layers: list[dict[str, Any]]) -> RunConfig:
         train_values.update({k: v for k, v in layer.items() if k in train_names})
     family = env_family(str(train_values.get("env", TrainConfig.env)))
     agent_name = train_values.get("agent", TrainConfig.agent)
-    train_values = {**FAMILY_DEFAULTS[family], **run_defaults(agent_name, family), **train_values}
+    family_run = FAMILY_DEFAULTS.get(family, {})
+    train_values = {**family_run, **run_defaults(agent_name, family), **train_values}
     agent_cls = config_class(agent_name)
     agent_names = {f.name for f in dataclasses.fields(agent_cls)}
     agent_values: dict[str, Any] = dict(family_defaults(agent_name, family))

@@ -16,7 +16,7 @@ import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode
 
-from seedbed import atari
+from seedbed import atari, dmc, dmlab, football
 from seedbed.atari import AtariSettings
 from seedbed.errors import ConfigError
 
@@ -25,18 +25,38 @@ NOOP_ENV_ID = "seedbed/Noop-v0"
 
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
-    """What the rest of the system needs to know about an environment."""
+    """What the rest of the system needs to know about an environment.
+
+    Actions travel through one code path whatever their kind: each env's action is an array of
+    ``action_shape`` in ``action_dtype``. Discrete actions are int64 scalars (shape ``()``) below
+    ``num_actions``; continuous ones are float32 arrays within ``action_low`` and
+    ``action_high`` (flattened in C order), and ``num_actions`` is 0.
+    """
 
     env_id: str
     obs_shape: tuple[int, ...]
     obs_dtype: str  # numpy dtype name; observations travel in this dtype
-    num_actions: int  # size of the discrete action set
+    num_actions: int  # size of the discrete action set; 0 for continuous actions
     frame_skip: int = 1  # emulator frames per agent step: reports count frames, not steps
     protocol: str | None = None  # how the environment is set up, for the run's summary
+    action_shape: tuple[int, ...] = ()  # one env's action: () for a discrete action
+    action_dtype: str = "int64"  # numpy dtype name: int64 (discrete) or float32 (continuous)
+    action_low: tuple[float, ...] = ()  # continuous actions' bounds, flattened; () if discrete
+    action_high: tuple[float, ...] = ()
 
     @property
     def obs_numpy_dtype(self) -> np.dtype:
         return np.dtype(self.obs_dtype)
+
+    @property
+    def continuous(self) -> bool:
+        """Whether actions are real-valued arrays (a Box) rather than one of ``num_actions``."""
+        return np.dtype(self.action_dtype).kind == "f"
+
+    @property
+    def action_kind(self) -> str:
+        """'continuous' or 'discrete', for messages."""
+        return "continuous" if self.continuous else "discrete"
 
 
 class NoopEnv(gym.Env):
@@ -94,6 +114,15 @@ def check_env_id(env_id: str) -> None:
     if atari.is_atari(env_id):
         atari.game_name(env_id)
         return
+    if dmc.is_dmc(env_id):
+        dmc.task_name(env_id)
+        return
+    if football.is_football(env_id):
+        football.parse(env_id)
+        return
+    if dmlab.is_dmlab(env_id):
+        dmlab.level_path(env_id)
+        return
     if env_id in gym.registry:
         return
     close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
@@ -108,6 +137,12 @@ def make_env(
     check_env_id(env_id)
     if atari.is_atari(env_id):
         return atari.make_env(env_id, settings or AtariSettings.defaults(), render_mode)
+    if dmc.is_dmc(env_id):
+        return dmc.make_env(env_id, render_mode)
+    if football.is_football(env_id):
+        return football.make_env(env_id, render_mode)
+    if dmlab.is_dmlab(env_id):
+        return dmlab.make_env(env_id, render_mode)
     return gym.make(env_id, render_mode=render_mode)
 
 
@@ -139,13 +174,23 @@ def spec_from_spaces(
             f"{env_id}: observation space {obs_space} is not supported; seedbed needs an array "
             "(Box) observation"
         )
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise ConfigError(
-            f"{env_id}: action space {action_space} is not supported by this agent; it needs a "
-            "discrete action space"
+    obs = (env_id, tuple(obs_space.shape), obs_space.dtype.name)
+    if isinstance(action_space, gym.spaces.Discrete):
+        return EnvSpec(*obs, int(action_space.n), **extra)
+    if isinstance(action_space, gym.spaces.Box) and action_space.dtype.kind == "f":
+        # Continuous actions travel as float32 whatever the Box says: networks act in float32.
+        return EnvSpec(
+            *obs,
+            0,
+            action_shape=tuple(action_space.shape),
+            action_dtype="float32",
+            action_low=tuple(float(x) for x in action_space.low.ravel()),
+            action_high=tuple(float(x) for x in action_space.high.ravel()),
+            **extra,
         )
-    return EnvSpec(
-        env_id, tuple(obs_space.shape), obs_space.dtype.name, int(action_space.n), **extra
+    raise ConfigError(
+        f"{env_id}: action space {action_space} is not supported; seedbed needs Discrete or "
+        "real-valued Box actions"
     )
 
 
@@ -158,6 +203,10 @@ def make_spec(env_id: str, settings: AtariSettings | None = None) -> EnvSpec:
         if settings.backend == "envpool":
             atari.envpool_id(env_id)  # fail here, not in every actor
         extra = {"frame_skip": settings.frame_skip, "protocol": settings.protocol()}
+    elif football.is_football(env_id):
+        extra = {"protocol": football.parse(env_id).protocol()}
+    elif dmlab.is_dmlab(env_id):
+        extra = {"frame_skip": dmlab.ACTION_REPEATS, "protocol": dmlab.protocol()}
     try:
         return spec_from_spaces(env_id, env.observation_space, env.action_space, **extra)
     finally:

@@ -12,7 +12,7 @@ import torch
 from seedbed.agents import make_agent
 from seedbed.agents.base import StepInput
 from seedbed.config import resolve
-from seedbed.envs import make_env, make_spec
+from seedbed.envs import EnvSpec, make_env, make_spec
 from seedbed.errors import SeedbedError
 from seedbed.runtime.checkpoint import latest_checkpoint, load_checkpoint
 
@@ -49,7 +49,7 @@ def evaluate(
     returns = []
     try:
         for episode in range(episodes):
-            returns.append(_episode(agent, env, seed + episode, device, writer))
+            returns.append(_episode(agent, spec, env, seed + episode, device, writer))
     finally:
         env.close()
         if writer is not None:
@@ -75,24 +75,26 @@ def _video_writer(video: str, env: gym.Env) -> Any:
 
 
 @torch.no_grad()
-def _episode(agent: Any, env: gym.Env, seed: int, device: str, writer: Any) -> float:
+def _episode(agent: Any, spec: EnvSpec, env: gym.Env, seed: int, device: str, writer: Any) -> float:
     obs, _ = env.reset(seed=seed)
     torch.manual_seed(seed)
     state = agent.initial_state(1)
-    prev_action, reward, done, total = 0, 0.0, True, 0.0
+    prev_action = torch.zeros((1, *spec.action_shape), dtype=getattr(torch, spec.action_dtype))
+    reward, done, total = 0.0, True, 0.0
     while True:
         if writer is not None:
             writer.append_data(env.render())
         step = StepInput(
             obs=torch.as_tensor(np.asarray(obs)[None], device=device),
-            prev_action=torch.tensor([prev_action], device=device),
+            prev_action=prev_action.to(device),
             reward=torch.tensor([reward], dtype=torch.float32, device=device),
             done=torch.tensor([done], device=device),
             env_ids=torch.zeros(1, dtype=torch.int64, device=device),
         )
         out = agent.act(agent.network, step, state)
-        state, prev_action = out.state, int(out.action[0])
-        obs, reward, terminated, truncated, _ = env.step(prev_action)
+        state, prev_action = out.state, out.action.cpu()
+        action = prev_action[0].numpy()
+        obs, reward, terminated, truncated, _ = env.step(action if spec.continuous else int(action))
         total += float(reward)
         done = False
         if terminated or truncated:

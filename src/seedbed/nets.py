@@ -128,7 +128,16 @@ class ImpalaResNet(nn.Module):
         return self.fc(self.stacks(_images(obs)))
 
 
-TORSOS = {"mlp": MLPTorso, "nature": NatureCNN, "impala": ImpalaResNet}
+class FootballResNet(ImpalaResNet):
+    """SEED RL's Google Research Football torso (its ``GFootball`` network): IMPALA's ResNet
+    with a fourth stack, 16, 32, 32 and 32 channels, then a 256-unit layer. Four stride-2
+    pools take the 72x96 Super Mini Map down to 5x6 before the linear layer."""
+
+    def __init__(self, obs_shape: tuple[int, ...]) -> None:
+        super().__init__(obs_shape, channels=(16, 32, 32, 32), out_size=256)
+
+
+TORSOS = {"mlp": MLPTorso, "nature": NatureCNN, "impala": ImpalaResNet, "football": FootballResNet}
 
 
 class LSTMCore(nn.Module):
@@ -227,7 +236,8 @@ def torso_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def make_torso(name: str, obs_shape: tuple[int, ...], hidden_sizes: tuple[int, ...]) -> nn.Module:
-    """Torso ``name`` ('mlp', 'nature' or 'impala') for observations of ``obs_shape``."""
+    """Torso ``name`` ('mlp', 'nature', 'impala' or 'football') for observations of
+    ``obs_shape``."""
     if name == "mlp":
         return MLPTorso(obs_shape, hidden_sizes)
     if len(obs_shape) != 3:

@@ -7,29 +7,46 @@ import math
 import pytest
 import torch
 
-from seedbed.agents import AGENTS, make_agent
+from seedbed.agents import AGENTS, action_kind, config_class, make_agent
 from seedbed.agents.base import StepInput
 from seedbed.config import resolve
 from seedbed.envs import EnvSpec
 from seedbed.inference.unrolls import UnrollBuilder
 from seedbed.runtime.checkpoint import load_checkpoint, save_checkpoint
 
-SPEC = EnvSpec("test", (5,), "float32", 3)
+DISCRETE = EnvSpec("test", (5,), "float32", 3)
+CONTINUOUS = EnvSpec(
+    "test",
+    (5,),
+    "float32",
+    0,
+    action_shape=(2,),
+    action_dtype="float32",
+    action_low=(-1.0, -2.0),
+    action_high=(1.0, 2.0),
+)
+SPECS = {"discrete": DISCRETE, "continuous": CONTINUOUS}
 
 
-def collect(agent, num_envs: int = 4, unroll: int = 6):
+def collect(agent, spec: EnvSpec, num_envs: int = 4, unroll: int = 6):
     """Unrolls from acting on random observations with random rewards and episode ends, cut as
     the agent cuts them."""
     length, overlap = agent.unroll_layout(unroll)
     builder = UnrollBuilder(num_envs, length, overlap)
     net, state = agent.acting_network(), agent.initial_state(num_envs)
     ids = torch.arange(num_envs)
-    prev = torch.zeros(num_envs, dtype=torch.int64)
+    dtype = getattr(torch, spec.action_dtype)
+    prev = torch.zeros((num_envs, *spec.action_shape), dtype=dtype)
     for t in range(length + 1):
         done = torch.rand(num_envs) < 0.2 if t else torch.ones(num_envs, dtype=torch.bool)
         step = StepInput(torch.randn(num_envs, 5), prev, torch.randn(num_envs), done, ids)
         out = agent.act(net, step, state)
-        assert out.action.shape == (num_envs,) and out.action.max() < SPEC.num_actions
+        assert out.action.shape == prev.shape and out.action.dtype == dtype
+        if spec.continuous:
+            low, high = torch.tensor(spec.action_low), torch.tensor(spec.action_high)
+            assert (out.action >= low).all() and (out.action <= high).all()
+        else:
+            assert out.action.max() < spec.num_actions
         record = {
             "obs": step.obs,
             "prev_action": prev,
@@ -48,10 +65,13 @@ def collect(agent, num_envs: int = 4, unroll: int = 6):
 @pytest.mark.parametrize("name", AGENTS)
 @pytest.mark.parametrize("lstm", [False, True])
 def test_agent_learns_and_checkpoints(name, lstm, tmp_path):
+    if lstm and not hasattr(config_class(name), "lstm"):
+        pytest.skip(f"{name} has no recurrent core")
     torch.manual_seed(0)
-    config = resolve([{"agent": name, "lstm": lstm}])
-    agent = make_agent(name, SPEC, config.agent, "cpu")
-    batch = collect(agent)
+    spec = SPECS[action_kind(name)]
+    config = resolve([{"agent": name, "lstm": lstm} if lstm else {"agent": name}])
+    agent = make_agent(name, spec, config.agent, "cpu")
+    batch = collect(agent, spec)
     before = [p.clone() for p in agent.network.parameters()]
     for _ in range(20):
         metrics = agent.learn(batch)
@@ -60,7 +80,7 @@ def test_agent_learns_and_checkpoints(name, lstm, tmp_path):
     after = list(agent.network.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
     path = save_checkpoint(tmp_path, 1, {"agent": agent.state_dict()}, keep=1)
-    again = make_agent(name, SPEC, config.agent, "cpu")
+    again = make_agent(name, spec, config.agent, "cpu")
     again.load_state_dict(load_checkpoint(path)["agent"])
     saved, loaded = agent.state_dict()["network"], again.state_dict()["network"]
     assert all(torch.equal(saved[k], loaded[k]) for k in saved)

@@ -111,3 +111,32 @@ def test_truncation_reaches_the_unroll_but_not_for_a_restart():
     server.step(request(transport, 2, run=1, done=(True, True), truncated=(1, 0)))
     unrolls = queue.get(2, timeout=1)
     assert unrolls.steps["truncated"].T.tolist() == [[False, False, True], [False, False, False]]
+
+
+def test_continuous_actions_are_kept_and_recorded_as_float32_vectors():
+    spec = EnvSpec(
+        "test",
+        (3,),
+        "float32",
+        0,
+        action_shape=(2,),
+        action_dtype="float32",
+        action_low=(-1.0, -1.0),
+        action_high=(1.0, 1.0),
+    )
+    config = resolve([{"env": "dmc:cartpole-balance", "agent": "d4pg"}])
+    agent = make_agent("d4pg", spec, config.agent, "cpu", num_envs=2)
+    transport = InProcessServer(num_actors=1, envs_per_actor=2)
+    queue = UnrollQueue(100)
+    server = InferenceServer(
+        agent, transport, queue, 2, (2, 1), 2, 0.0, "cpu", action_shape=(2,), action_dtype="float32"
+    )
+    transport.connect(0)
+    for t in range(3):
+        server.step(request(transport, t, run=1, done=(t == 0, t == 0)))
+    unrolls = queue.get(2, timeout=1)
+    action, prev = unrolls.steps["action"], unrolls.steps["prev_action"]
+    assert action.shape == prev.shape == (3, 2, 2) and action.dtype == prev.dtype == torch.float32
+    assert (prev[0] == 0).all() and torch.equal(prev[1:], action[:-1])
+    assert not torch.equal(action[0].round(), action[0])  # real-valued, not cast to integers
+    assert server._prev_action.shape == (2, 2) and torch.equal(server._prev_action, action[-1])

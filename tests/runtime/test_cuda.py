@@ -10,10 +10,10 @@ import importlib.util
 import pytest
 import torch
 
-from seedbed.agents import AGENTS, make_agent
+from seedbed.agents import AGENTS, action_kind, config_class, make_agent
 from seedbed.config import resolve
 from seedbed.runtime.train import train
-from tests.agents.test_agents import SPEC, collect
+from tests.agents.test_agents import SPECS, collect
 from tests.conftest import tiny_settings
 
 pytestmark = [
@@ -25,11 +25,15 @@ pytestmark = [
 @pytest.mark.parametrize("name", AGENTS)
 def test_learning_step_on_cuda_matches_cpu(name):
     torch.manual_seed(0)
-    config = resolve([{"agent": name, "lstm": True, "torso_dtype": "float32"}]).agent
-    cpu = make_agent(name, SPEC, config, "cpu")
-    cuda = make_agent(name, SPEC, config, "cuda")
+    spec = SPECS[action_kind(name)]
+    recurrent = (
+        {"lstm": True, "torso_dtype": "float32"} if hasattr(config_class(name), "lstm") else {}
+    )
+    config = resolve([{"agent": name, **recurrent}]).agent
+    cpu = make_agent(name, spec, config, "cpu")
+    cuda = make_agent(name, spec, config, "cuda")
     cuda.load_state_dict(cpu.state_dict())
-    batch = collect(cpu)
+    batch = collect(cpu, spec)
     for _ in range(3):
         want, got = cpu.learn(batch), cuda.learn(batch.to(torch.device("cuda")))
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-3, abs=1e-5)

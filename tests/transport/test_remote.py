@@ -32,15 +32,28 @@ ENVS, OBS = 3, (4,)
 
 
 class Learner:
-    """A gateway with two slots over a shared-memory server; actions are env_id * 10 + t."""
+    """A gateway with two slots over a shared-memory server; actions are env_id * 10 + t, or
+    with ``action_shape`` float32 vectors of that plus 0.5, 1.0, ... (continuous actions)."""
 
-    def __init__(self, token: bytes | None = None, tls=None, address: str = "127.0.0.1:0"):
-        self.server = SharedMemoryServer(2, ENVS, OBS, "float32", multiprocessing.get_context())
+    def __init__(
+        self,
+        token: bytes | None = None,
+        tls=None,
+        address: str = "127.0.0.1:0",
+        action_shape: tuple = (),
+    ):
+        dtype = "float32" if action_shape else "int64"
+        self.action_shape = action_shape
+        self.server = SharedMemoryServer(
+            2, ENVS, OBS, "float32", multiprocessing.get_context(), action_shape, dtype
+        )
         self.gateway = ActorGateway(
             address,
             [0, 1],
             functools.partial(self.server.connect, in_process=True),
-            lambda slot, n: Assignment("CartPole-v1", ENVS, n, None, slot, "<f4", OBS),
+            lambda slot, n: Assignment(
+                "CartPole-v1", ENVS, n, None, slot, "<f4", OBS, dtype, action_shape
+            ),
             token=token,
             tls=tls,
         )
@@ -57,7 +70,9 @@ class Learner:
                 continue
             for env, run in zip(request.env_ids, request.run_id, strict=True):
                 self.run_ids[int(env) // ENVS].add(int(run))
-            self.server.send(request, request.env_ids * 10 + request.reward.astype(np.int64))
+            self.server.send(
+                request, known_actions(request.env_ids, request.reward, self.action_shape)
+            )
 
     def close(self) -> None:
         self._stop.set()
@@ -80,14 +95,25 @@ def learner(no_leaks):
         one.close()
 
 
+def known_actions(env_ids: np.ndarray, t: np.ndarray, action_shape: tuple = ()) -> np.ndarray:
+    base = env_ids * 10 + t.astype(np.int64)
+    if not action_shape:
+        return base
+    fractions = (np.arange(int(np.prod(action_shape))) + 1) / 2.0
+    return (base[:, None] + fractions).reshape(-1, *action_shape).astype(np.float32)
+
+
 def steps(client: GrpcActorClient, n: int, t0: int = 0) -> None:
     """``n`` calls whose answers must be exactly the known actions of the client's slot."""
     env_ids = client.assignment.slot * ENVS + np.arange(ENVS)
     done = np.zeros(ENVS, bool)
+    shape = client.assignment.action_shape
     for t in range(t0, t0 + n):
         obs = np.full((ENVS, *OBS), t, np.float32)
         actions = client.call(obs, np.full(ENVS, t, np.float32), done, done)
-        np.testing.assert_array_equal(actions, env_ids * 10 + t)
+        want = known_actions(env_ids, np.full(ENVS, t), shape)
+        assert actions.dtype == want.dtype
+        np.testing.assert_array_equal(actions, want)
 
 
 def test_steps_round_trip_and_a_reconnect_is_a_new_run(learner):
@@ -102,6 +128,15 @@ def test_steps_round_trip_and_a_reconnect_is_a_new_run(learner):
     slot = second.assignment.slot
     assert len(lr.run_ids[slot]) == 1 + (slot == first.assignment.slot)
     assert lr.gateway.connections == 2
+
+
+def test_continuous_actions_travel_as_float32_vectors(learner):
+    lr = learner(action_shape=(2,))
+    client = GrpcActorClient(lr.gateway.address)
+    assert client.assignment.action_dtype == "float32"
+    assert client.assignment.action_shape == (2,)
+    steps(client, 10)
+    client.close()
 
 
 def test_all_slots_taken_refuses_the_next_actor(learner):

@@ -1,5 +1,6 @@
 """One suite for every transport backend: arrays of several dtypes and shapes make the round
-trip between real actors (processes for shared memory, threads in-process) and the server."""
+trip between real actors (processes for shared memory, threads in-process) and the server, and
+actions come back as int64 scalars (discrete) or float32 vectors (continuous)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,20 @@ def expected_obs(actor: int, t: int, envs: int, shape: tuple, dtype: str) -> np.
     return base.reshape(envs, *shape).astype(dtype)
 
 
-def expected_actions(env_ids: np.ndarray, t: np.ndarray) -> np.ndarray:
-    return (env_ids * 31 + t * 3).astype(np.int64)
+def expected_actions(env_ids: np.ndarray, t: np.ndarray, action_shape: tuple = ()) -> np.ndarray:
+    """Known actions: int64 scalars, or float32 vectors of ``action_shape`` with fractions that
+    an integer transport would lose."""
+    base = env_ids * 31 + t * 3
+    if not action_shape:
+        return base.astype(np.int64)
+    fractions = (np.arange(int(np.prod(action_shape))) + 1) / 8.0
+    vectors = base[:, None] + fractions.reshape(1, -1)
+    return vectors.reshape(-1, *action_shape).astype(np.float32)
 
 
-def scripted_actor(endpoint, actor: int, envs: int, shape: tuple, dtype: str) -> None:
+def scripted_actor(
+    endpoint, actor: int, envs: int, shape: tuple, dtype: str, action_shape: tuple = ()
+) -> None:
     """Send STEPS known steps; check every answer; exit non-zero on a wrong one."""
     client = endpoint.open()
     env_ids = np.arange(actor * envs, (actor + 1) * envs)
@@ -36,15 +46,18 @@ def scripted_actor(endpoint, actor: int, envs: int, shape: tuple, dtype: str) ->
         done = np.arange(envs) % 2 == t % 2
         truncated = done & (np.arange(envs) % 3 == 0)
         actions = client.call(obs, np.full(envs, t, np.float32), done, truncated)
-        if not np.array_equal(actions, expected_actions(env_ids, np.full(envs, t))):
+        want = expected_actions(env_ids, np.full(envs, t), action_shape)
+        if actions.dtype != want.dtype or not np.array_equal(actions, want):
             raise SystemExit(3)
     client.close()
 
 
 class ShmBackend:
-    def __init__(self, actors, envs, shape, dtype):
+    def __init__(self, actors, envs, shape, dtype, action_shape=(), action_dtype="int64"):
         self.ctx = multiprocessing.get_context("spawn")
-        self.server = SharedMemoryServer(actors, envs, shape, dtype, self.ctx)
+        self.server = SharedMemoryServer(
+            actors, envs, shape, dtype, self.ctx, action_shape, action_dtype
+        )
         self.workers = []
 
     def launch(self, actor, *args):
@@ -61,7 +74,7 @@ class ShmBackend:
 
 
 class InProcessBackend:
-    def __init__(self, actors, envs, shape, dtype):
+    def __init__(self, actors, envs, shape, dtype, action_shape=(), action_dtype="int64"):
         self.server = InProcessServer(actors, envs)
         self.workers, self.codes = [], {}
 
@@ -109,6 +122,29 @@ def test_round_trip(backend, shape, dtype, no_leaks):
             b.server.send(request, expected_actions(request.env_ids, t))
         assert b.exit_codes() == [0] * actors
         assert max(batch_sizes) > envs, "requests of several actors were never batched"
+    finally:
+        b.server.close()
+
+
+@pytest.mark.parametrize("backend", [ShmBackend, InProcessBackend], ids=["shm", "inprocess"])
+@pytest.mark.parametrize("action_shape", [(1,), (3,), (2, 2)])
+def test_continuous_actions_round_trip_as_float32(backend, action_shape, no_leaks):
+    actors, envs, obs_shape = 2, 3, (5,)
+    b = backend(actors, envs, obs_shape, "float32", action_shape, "float32")
+    try:
+        for actor in range(actors):
+            b.launch(actor, envs, obs_shape, "float32", action_shape)
+        served = 0
+        while served < actors * envs * STEPS:
+            request = b.server.recv(max_envs=actors * envs, timeout_s=0.01)
+            if request is None:
+                continue
+            t = request.reward.astype(np.int64)
+            actions = expected_actions(request.env_ids, t, action_shape)
+            assert actions.shape == (len(request.env_ids), *action_shape)
+            b.server.send(request, actions)
+            served += len(request.env_ids)
+        assert b.exit_codes() == [0] * actors  # each actor checked its float32 vectors
     finally:
         b.server.close()
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from seedbed.errors import ConfigError
 
-AGENTS = ("vtrace", "dqn", "r2d2")
+AGENTS = ("vtrace", "dqn", "r2d2", "d4pg")
 
 
 def check_agent(name: str) -> None:
@@ -37,6 +37,26 @@ def run_defaults(name: str, family: str) -> dict[str, Any]:
     return _family_table(name, "RUN_DEFAULTS", family)
 
 
+def action_kind(name: str) -> str:
+    """The actions agent ``name`` acts with: 'discrete' (the default) or 'continuous', as its
+    config module's ``ACTIONS`` says."""
+    check_agent(name)
+    return getattr(importlib.import_module(f"seedbed.agents.{name}.config"), "ACTIONS", "discrete")
+
+
+def check_actions(name: str, env_spec: Any) -> None:
+    """A one-line ConfigError when agent ``name`` cannot act in ``env_spec``'s action space."""
+    needed = action_kind(name)
+    if env_spec.action_kind == needed:
+        return
+    fits = [a for a in AGENTS if action_kind(a) == env_spec.action_kind]
+    choices = " or ".join(filter(None, [", ".join(fits[:-1]), fits[-1]]))
+    raise ConfigError(
+        f"--agent {name} needs {needed} actions, but {env_spec.env_id} has "
+        f"{env_spec.action_kind} ones; use --agent {choices}"
+    )
+
+
 def _family_table(name: str, table: str, family: str) -> dict[str, Any]:
     check_agent(name)
     module = importlib.import_module(f"seedbed.agents.{name}.config")
@@ -52,6 +72,6 @@ def make_agent(
     per environment need it); None builds an agent for evaluation, which acts greedily where
     the agent's policy is not itself stochastic.
     """
-    check_agent(name)
+    check_actions(name, env_spec)
     module = importlib.import_module(f"seedbed.agents.{name}.learning")
     return module.AGENT_CLASS(env_spec, config, device, num_envs)

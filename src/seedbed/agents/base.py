@@ -39,7 +39,9 @@ class StepInput:
     """
 
     obs: torch.Tensor  # [N, *obs_shape] in the env's dtype
-    prev_action: torch.Tensor  # [N] int64, the action taken before obs
+    # [N, *action_shape], the action taken before obs: [N] int64 for discrete actions,
+    # [N, A] float32 for continuous ones (EnvSpec.action_shape and action_dtype)
+    prev_action: torch.Tensor
     reward: torch.Tensor  # [N] float32, the reward that arrived with obs
     done: torch.Tensor  # [N] bool
     env_ids: torch.Tensor  # [N] int64, which environments these rows are
@@ -49,7 +51,7 @@ class StepInput:
 class ActOutput:
     """What ``act`` returns: actions, extras recorded in the unroll, and the next state."""
 
-    action: torch.Tensor  # [N] int64
+    action: torch.Tensor  # [N, *action_shape] in the env's action dtype, as prev_action
     extras: dict[str, torch.Tensor]  # e.g. {"logits": [N, A]}, stored per step in unrolls
     state: State
 

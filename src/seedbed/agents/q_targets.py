@@ -1,5 +1,6 @@
-"""The arithmetic of Q-learning from replay: value rescaling, n-step double-Q targets and
-sequence priorities. Pure functions on time-major tensors; ``tests/agents/test_q_targets.py``
+"""The arithmetic of Q-learning from replay: value rescaling, n-step double-Q targets (and their
+return and discount apart, for distributional critics), sequence priorities and per-env
+exploration. Pure functions on time-major tensors; ``tests/agents/test_q_targets.py``
 checks them against plain loops over the papers' equations.
 """
 
@@ -57,7 +58,30 @@ def sequence_priorities(td: torch.Tensor, eta: float) -> torch.Tensor:
     return eta * magnitude.max(0).values + (1.0 - eta) * magnitude.mean(0)
 
 
+def n_step_return_and_discount(
+    rewards: torch.Tensor, discounts: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each transition t of [T, B] rewards and discounts, its n-step reward sum R_t and the
+    discount D_t its bootstrap gets, so that ``n_step_targets`` = R_t + D_t * bootstrap.
+
+    Distributional agents need the two apart: they shift and scale a whole value distribution,
+    R_t + D_t * z, rather than add one bootstrap value.
+    """
+    zeros, ones = torch.zeros_like(rewards), torch.ones_like(rewards)
+    return n_step_targets(rewards, discounts, zeros, n), n_step_targets(zeros, discounts, ones, n)
+
+
+def geometric_spread(num_envs: int, first: float, last: float) -> torch.Tensor:
+    """``num_envs`` values from ``first`` to ``last`` in equal ratios (one value: ``first``):
+    per-env exploration, so a few envs explore hard and most act near the policy."""
+    spread = torch.arange(num_envs, dtype=torch.float64) / max(num_envs - 1, 1)
+    first_, last_ = (
+        torch.tensor(first, dtype=torch.float64),
+        torch.tensor(last, dtype=torch.float64),
+    )
+    return (first_ ** (1.0 - spread) * last_**spread).float()  # well defined at 0, unlike a ratio
+
+
 def exploration_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> torch.Tensor:
     """Ape-X's and R2D2's per-env epsilons: eps_i = base^(1 + alpha * i / (N - 1))."""
-    spread = torch.arange(num_envs, dtype=torch.float64) / max(num_envs - 1, 1)
-    return (base ** (1.0 + alpha * spread)).float()
+    return geometric_spread(num_envs, base, base ** (1.0 + alpha))

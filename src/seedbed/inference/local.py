@@ -41,7 +41,10 @@ def acted_fields(agent: Any, env_spec: EnvSpec) -> Fields:
     """The fields an actor sends besides its step, found by acting once on a dummy input."""
     net = agent.acting_network()
     out = agent.act(net, _dummy_step(env_spec, agent.device), agent.initial_state(1))
-    fields = [("action", (), "int64"), ("version", (), "int64")]
+    fields = [
+        ("action", tuple(env_spec.action_shape), env_spec.action_dtype),
+        ("version", (), "int64"),
+    ]
     for name, value in out.extras.items():
         fields.append((name, tuple(value.shape[1:]), _numpy_dtype(value)))
     for i, value in enumerate(out.state):
@@ -64,7 +67,9 @@ class LocalPolicy:
         self.version = -1
         self._env_ids = torch.arange(first_env, first_env + num_envs)
         self._state = self.agent.initial_state(num_envs)
-        self._prev_action = torch.zeros(num_envs, dtype=torch.int64)
+        spec = acting.env_spec
+        dtype = getattr(torch, spec.action_dtype)
+        self._prev_action = torch.zeros((num_envs, *spec.action_shape), dtype=dtype)
 
     def refresh(self, wait_s: float = 60.0) -> None:
         """Take the newest broadcast, if there is one; wait for the first."""
@@ -109,7 +114,9 @@ class LocalPolicy:
 def _dummy_step(spec: EnvSpec, device: torch.device) -> StepInput:
     return StepInput(
         obs=torch.zeros((1, *spec.obs_shape), dtype=getattr(torch, spec.obs_dtype)).to(device),
-        prev_action=torch.zeros(1, dtype=torch.int64, device=device),
+        prev_action=torch.zeros(
+            (1, *spec.action_shape), dtype=getattr(torch, spec.action_dtype), device=device
+        ),
         reward=torch.zeros(1, device=device),
         done=torch.ones(1, dtype=torch.bool, device=device),
         env_ids=torch.zeros(1, dtype=torch.int64, device=device),

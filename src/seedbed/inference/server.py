@@ -49,7 +49,11 @@ def _acted(
 
 
 class InferenceServer:
-    """Serve actions for requests from ``transport`` and feed full unrolls into ``queue``."""
+    """Serve actions for requests from ``transport`` and feed full unrolls into ``queue``.
+
+    ``action_shape`` and ``action_dtype`` are one env's action as the env spec gives them (the
+    defaults: a discrete action, one int64).
+    """
 
     def __init__(
         self,
@@ -62,6 +66,8 @@ class InferenceServer:
         timeout_s: float,
         device: torch.device,
         frames_per_step: int = 1,
+        action_shape: tuple[int, ...] = (),
+        action_dtype: str = "int64",
         precision: str = "fp32",
     ) -> None:
         self.agent = agent
@@ -79,7 +85,10 @@ class InferenceServer:
         # Where this thread's time goes; "bookkeeping" is inputs, unrolls and replies.
         self.stopwatch = Stopwatch()
         self._state = agent.initial_state(num_envs)
-        self._prev_action = torch.zeros(num_envs, dtype=torch.int64)
+        # Each env's last action in the env spec's shape and dtype (int64 scalars when discrete,
+        # float32 vectors when continuous): fed back to the agent and recorded in unrolls.
+        dtype = torch.from_numpy(np.zeros(0, action_dtype)).dtype
+        self._prev_action = torch.zeros((num_envs, *action_shape), dtype=dtype)
         self._run_id = torch.full((num_envs,), -1, dtype=torch.int64)
         self._ep_return = np.zeros(num_envs, np.float64)
         self._ep_length = np.zeros(num_envs, np.int64)

@@ -189,6 +189,8 @@ class TrainingRun:
             self.spec.obs_shape,
             self.spec.obs_dtype,
             ctx,
+            action_shape=self.spec.action_shape,
+            action_dtype=self.spec.action_dtype,
             acted=acted_fields(self.agent, self.spec) if local else (),
         )
         board = self._policy_board() if local else None
@@ -202,6 +204,8 @@ class TrainingRun:
             cfg.inference_timeout_ms / 1000.0,
             self.device,
             frames_per_step=self.spec.frame_skip,
+            action_shape=self.spec.action_shape,
+            action_dtype=self.spec.action_dtype,
             precision=cfg.precision,
         )
         self._frames_base = self.frames  # the servers count this session's frames
@@ -304,6 +308,8 @@ class TrainingRun:
                 slot=slot,
                 obs_dtype=self.spec.obs_dtype,
                 obs_shape=tuple(self.spec.obs_shape),
+                action_dtype=self.spec.action_dtype,
+                action_shape=tuple(self.spec.action_shape),
             )
 
         token, tls = self.secrets

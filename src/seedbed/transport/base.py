@@ -59,7 +59,11 @@ class ServerTransport(Protocol):
         ...
 
     def send(self, request: Request, actions: np.ndarray) -> None:
-        """Answer ``request``: ``actions[i]`` goes to environment ``request.env_ids[i]``."""
+        """Answer ``request``: ``actions[i]`` goes to environment ``request.env_ids[i]``.
+
+        ``actions`` is ``[k, *action_shape]`` in the envs' action dtype: int64 ``[k]`` for
+        discrete actions, float32 ``[k, A]`` for continuous ones.
+        """
         ...
 
     def actor_times(self) -> np.ndarray:
@@ -99,7 +103,8 @@ class ActorTransport(Protocol):
     def call(
         self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
     ) -> np.ndarray:
-        """Send this step of the actor's E environments; return their E actions.
+        """Send this step of the actor's E environments; return their E actions
+        (``[E, *action_shape]``).
 
         Raises ConnectionError when the learner has gone away.
         """

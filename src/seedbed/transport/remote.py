@@ -39,7 +39,8 @@ from seedbed.transport.proto import actor_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-PROTOCOL = 1  # bump when actor.proto changes incompatibly
+# Bump when actor.proto changes incompatibly. 2: actions may be float arrays (Assignment says).
+PROTOCOL = 2
 METHOD = "/seedbed.v1.Learner/Act"
 _HEADROOM = 64 * 1024  # bytes a message may carry beyond its arrays (field tags, dtype strings)
 
@@ -87,6 +88,8 @@ class Assignment:
     slot: int
     obs_dtype: str
     obs_shape: tuple[int, ...]
+    action_dtype: str = "int64"  # what the actions carry: int64 scalars for discrete envs
+    action_shape: tuple[int, ...] = ()  # one env's action
 
     def to_message(self) -> pb.LearnerMessage:
         settings = json.dumps(self.settings) if self.settings is not None else ""
@@ -99,6 +102,8 @@ class Assignment:
                 slot=self.slot,
                 obs_dtype=self.obs_dtype,
                 obs_shape=self.obs_shape,
+                action_dtype=self.action_dtype,
+                action_shape=self.action_shape,
             )
         )
 
@@ -112,6 +117,8 @@ class Assignment:
             slot=message.slot,
             obs_dtype=message.obs_dtype,
             obs_shape=tuple(message.obs_shape),
+            action_dtype=message.action_dtype or "int64",
+            action_shape=tuple(message.action_shape),
         )
 
 
@@ -474,9 +481,10 @@ class GrpcActorClient:
             raise LearnerStopped(reply.stop.reason)
         if kind != "actions":
             raise ConnectionError(f"the learner sent {kind} where actions were due")
-        shape = (self.assignment.num_envs,)
+        job = self.assignment
+        shape, dtype = (job.num_envs, *job.action_shape), np.dtype(job.action_dtype)
         try:
-            return from_wire(reply.actions, "actions", np.dtype(np.int64), shape).copy()
+            return from_wire(reply.actions, "actions", dtype, shape).copy()
         except ValueError as e:
             raise ConnectionError(f"the learner sent malformed actions: {e}") from None
 

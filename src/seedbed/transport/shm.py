@@ -41,6 +41,8 @@ class Layout:
     envs_per_actor: int
     obs_shape: tuple[int, ...]
     obs_dtype: str
+    action_shape: tuple[int, ...] = ()  # one env's action: () for discrete, (A,) for a Box
+    action_dtype: str = "int64"
     # Local inference: the fields actors fill in themselves, (name, shape per env, dtype).
     acted: tuple[tuple[str, tuple[int, ...], str], ...] = ()
 
@@ -57,7 +59,7 @@ class Layout:
             "reward": ((n,), np.dtype(np.float32)),
             "done": ((n,), np.dtype(np.bool_)),
             "truncated": ((n,), np.dtype(np.bool_)),
-            "action": ((n,), np.dtype(np.int64)),
+            "action": ((n, *self.action_shape), np.dtype(self.action_dtype)),
             "actor_times": ((self.num_actors, 2), np.dtype(np.float64)),
         }[field]
 
@@ -96,7 +98,11 @@ class ActorEndpoint:
 
 
 class SharedMemoryServer:
-    """The learner's end of the shared-memory transport."""
+    """The learner's end of the shared-memory transport.
+
+    Each env's observation is an ``obs_shape`` array of ``obs_dtype`` and its action one of
+    ``action_shape`` and ``action_dtype`` (the defaults: one int64, a discrete action).
+    """
 
     def __init__(
         self,
@@ -105,13 +111,24 @@ class SharedMemoryServer:
         obs_shape: tuple[int, ...],
         obs_dtype: str,
         context: Any,
+        action_shape: tuple[int, ...] = (),
+        action_dtype: str = "int64",
         acted: tuple[tuple[str, tuple[int, ...], str], ...] = (),
     ) -> None:
         """``acted``: with local inference, the fields actors send besides their step
         (``Layout.acted``); requests then carry them as ``Request.acted``."""
         self._ctx = context
         self._envs = envs_per_actor
-        layout = Layout({}, num_actors, envs_per_actor, tuple(obs_shape), obs_dtype, acted)
+        layout = Layout(
+            {},
+            num_actors,
+            envs_per_actor,
+            tuple(obs_shape),
+            obs_dtype,
+            tuple(action_shape),
+            action_dtype,
+            acted,
+        )
         self._blocks, self._arrays = _attach(layout, create=True)
         names = {field: block.name for field, block in self._blocks.items()}
         self.layout = dataclasses.replace(layout, names=names)

@@ -27,6 +27,53 @@ class ReplayLayout:
     learn_steps: int
 
 
+def transition_layout(unroll: int, n_step: int) -> ReplayLayout:
+    """One-transition items with n-step windows: unrolls of ``unroll`` steps sharing ``n_step``
+    steps, in which every step starts one item of n + 1 steps (the transition, and the rest of
+    its n-step window). DQN and D4PG store their replay this way."""
+    return ReplayLayout(unroll, n_step, unroll - n_step + 1, n_step + 1, 0, 1)
+
+
+def validate_replay(config: Any) -> None:
+    """One-line errors for replay settings that cannot work (the fields DQN, R2D2 and D4PG
+    share: ``replay_capacity``, ``min_replay``, ``replay_ratio``, ``priority_exponent``,
+    ``importance_exponent``)."""
+    if config.replay_capacity <= 0:
+        raise ConfigError(f"--replay-capacity must be positive, got {config.replay_capacity}")
+    if config.min_replay < 0:
+        raise ConfigError(f"--min-replay must be >= 0, got {config.min_replay}")
+    if config.replay_capacity < config.min_replay:
+        raise ConfigError(
+            f"--replay-capacity ({config.replay_capacity}) is below --min-replay "
+            f"({config.min_replay}): learning would never start; raise the capacity"
+        )
+    if config.replay_ratio is not None and config.replay_ratio <= 0:
+        raise ConfigError(f"--replay-ratio must be positive or none, got {config.replay_ratio}")
+    if config.priority_exponent < 0 or config.importance_exponent < 0:
+        raise ConfigError("--priority-exponent and --importance-exponent must be >= 0")
+
+
+def check_replay(config: Any, layout: ReplayLayout, batch: int) -> None:
+    """A one-line error where the replay cannot hold --min-replay items and a batch."""
+    # Replay keeps whole unrolls: only a multiple of the items per unroll fits.
+    usable = config.replay_capacity // layout.positions * layout.positions
+    if usable < max(config.min_replay, batch, 1):
+        raise ConfigError(
+            f"--replay-capacity ({config.replay_capacity}) holds {usable} items in whole "
+            f"unrolls of {layout.positions}, fewer than --min-replay ({config.min_replay}) "
+            f"or --batch ({batch}); raise the capacity"
+        )
+
+
+def check_n_step_unroll(unroll: int, n_step: int) -> None:
+    """A one-line error where an unroll cannot hold an n-step window."""
+    if unroll < n_step:
+        raise ConfigError(
+            f"--unroll ({unroll}) must be >= --n-step ({n_step}): each unroll must hold a "
+            "whole n-step window"
+        )
+
+
 @dataclasses.dataclass
 class DQNConfig:
     """Double, dueling, n-step Q-learning with prioritized replay (Hessel et al. 2018 parts)."""
@@ -73,7 +120,7 @@ class DQNConfig:
     def layout(self, unroll: int) -> ReplayLayout:
         """Unrolls of ``unroll`` steps sharing ``n_step`` steps; each step starts one item of
         n + 1 steps (the transition and its n-step window)."""
-        return ReplayLayout(unroll, self.n_step, unroll - self.n_step + 1, self.n_step + 1, 0, 1)
+        return transition_layout(unroll, self.n_step)
 
     def validate(self) -> None:
         """Raise ConfigError on a value that cannot work."""
@@ -81,20 +128,10 @@ class DQNConfig:
             raise ConfigError("--lr and --adam-eps must be positive")
         if not 0.0 <= self.discount <= 1.0:
             raise ConfigError(f"--discount must lie in [0, 1], got {self.discount}")
-        for name in ("n_step", "target_update_every", "replay_capacity", "lstm_size"):
+        for name in ("n_step", "target_update_every", "lstm_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
-        if self.min_replay < 0:
-            raise ConfigError(f"--min-replay must be >= 0, got {self.min_replay}")
-        if self.replay_capacity < self.min_replay:
-            raise ConfigError(
-                f"--replay-capacity ({self.replay_capacity}) is below --min-replay "
-                f"({self.min_replay}): learning would never start; raise the capacity"
-            )
-        if self.replay_ratio is not None and self.replay_ratio <= 0:
-            raise ConfigError(f"--replay-ratio must be positive or none, got {self.replay_ratio}")
-        if self.priority_exponent < 0 or self.importance_exponent < 0:
-            raise ConfigError("--priority-exponent and --importance-exponent must be >= 0")
+        validate_replay(self)
         if not 0.0 <= self.priority_eta <= 1.0 or not 0.0 <= self.epsilon_base <= 1.0:
             raise ConfigError("--priority-eta and --epsilon-base must lie in [0, 1]")
         if self.rescaling_eps <= 0:
@@ -104,22 +141,8 @@ class DQNConfig:
 
     def check_run(self, train: Any) -> None:
         """Raise ConfigError where the run's unrolls and batches cannot fit this agent's replay."""
-        if train.unroll < self.n_step:
-            raise ConfigError(
-                f"--unroll ({train.unroll}) must be >= --n-step ({self.n_step}): each unroll "
-                "must hold a whole n-step window"
-            )
-        self._check_replay(self.layout(train.unroll), train.batch)
-
-    def _check_replay(self, layout: ReplayLayout, batch: int) -> None:
-        # Replay keeps whole unrolls: only a multiple of the items per unroll fits.
-        usable = self.replay_capacity // layout.positions * layout.positions
-        if usable < max(self.min_replay, batch, 1):
-            raise ConfigError(
-                f"--replay-capacity ({self.replay_capacity}) holds {usable} items in whole "
-                f"unrolls of {layout.positions}, fewer than --min-replay ({self.min_replay}) "
-                f"or --batch ({batch}); raise the capacity"
-            )
+        check_n_step_unroll(train.unroll, self.n_step)
+        check_replay(self, self.layout(train.unroll), train.batch)
 
 
 def _flag(name: str) -> str:

@@ -21,7 +21,7 @@ from seedbed.agents.base import (
     copy_parameters,
     optimizer_step,
 )
-from seedbed.agents.dqn.config import DQNConfig
+from seedbed.agents.dqn.config import DQNConfig, ReplayLayout
 from seedbed.agents.q_targets import (
     exploration_epsilons,
     inverse_value_rescale,
@@ -91,6 +91,23 @@ def q_learning_loss(
     return terms, sequence_priorities(td.detach(), config.priority_eta)
 
 
+def make_replay(config: Any, layout: ReplayLayout, batch: int, seed: int) -> PrioritizedReplay:
+    """Prioritized replay laid out by ``layout``, from an agent's replay settings (DQN's, R2D2's
+    and D4PG's share their names). Its rate limiter lets the learner fall two batches behind
+    the replay ratio before the actors wait."""
+    return PrioritizedReplay(
+        config.replay_capacity,
+        layout.positions,
+        layout.window,
+        alpha=config.priority_exponent,
+        beta=config.importance_exponent,
+        min_fill=config.min_replay,
+        samples_per_insert=config.replay_ratio,
+        slack=2 * batch,
+        seed=seed,
+    )
+
+
 class QAgent:
     """Acts epsilon-greedily on dueling Q-values; learns double n-step Q from replay."""
 
@@ -129,20 +146,8 @@ class QAgent:
         return layout.unroll, layout.overlap
 
     def make_buffer(self, unroll: int, queue_size: int, batch: int, seed: int) -> PrioritizedReplay:
-        """Prioritized replay of the run's unrolls. Its rate limiter lets the learner fall two
-        batches behind the replay ratio before the actors wait (``queue_size`` is V-trace's)."""
-        layout, c = self.config.layout(unroll), self.config
-        return PrioritizedReplay(
-            c.replay_capacity,
-            layout.positions,
-            layout.window,
-            alpha=c.priority_exponent,
-            beta=c.importance_exponent,
-            min_fill=c.min_replay,
-            samples_per_insert=c.replay_ratio,
-            slack=2 * batch,
-            seed=seed,
-        )
+        """Prioritized replay of the run's unrolls (``queue_size`` is V-trace's)."""
+        return make_replay(self.config, self.config.layout(unroll), batch, seed)
 
     def acting_network(self) -> ActorCriticNet:
         return acting_copy(self.network)

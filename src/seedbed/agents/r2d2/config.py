@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from seedbed.agents.dqn.config import DQNConfig, ReplayLayout
+from seedbed.agents.dqn.config import DQNConfig, ReplayLayout, check_replay
 from seedbed.config import setting
 from seedbed.errors import ConfigError
 
@@ -52,7 +52,7 @@ class R2D2Config(DQNConfig):
             )
 
     def check_run(self, train: Any) -> None:
-        self._check_replay(self.layout(train.unroll), train.batch)
+        check_replay(self, self.layout(train.unroll), train.batch)
 
 
 CONFIG_CLASS = R2D2Config

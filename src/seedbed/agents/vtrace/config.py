@@ -34,8 +34,10 @@ class VTraceConfig:
     )
     reward_clip: float | None = setting(None, "clip learner rewards to [-x, x] (none: off)")
     max_grad_norm: float | None = setting(0.5, "clip the global gradient norm (none: off)")
-    torso: Literal["mlp", "nature", "impala"] = setting(
-        "mlp", "network torso: MLP, Nature DQN CNN, or IMPALA's deep ResNet (images)"
+    torso: Literal["mlp", "nature", "impala", "football"] = setting(
+        "mlp",
+        "network torso: MLP, Nature DQN CNN, IMPALA's deep ResNet, or SEED RL's four-stack "
+        "ResNet for Football's Super Mini Map (images)",
     )
     torso_dtype: Literal["auto", "float32", "bfloat16"] = setting(
         "float32",
@@ -92,5 +94,26 @@ FAMILY_DEFAULTS = {
         "lr": 7e-4,
         "rmsprop_eps": 1e-5,
         "lstm_size": 256,
+    },
+    # SEED RL's Football agent (football/vtrace_main.py): its ResNet, no LSTM, Adam; FOOTBALL_TBD.
+    "football": {
+        "torso": "football",
+        "shared_torso": True,  # SEED's network has one torso; a second would double the cost
+        "normalize_advantages": False,  # sparse goals, as for Atari
+        "optimizer": "adam",
+        "lr": 4.8e-4,  # SEED's default
+        "discount": 0.993,
+        "entropy_cost": 0.003,
+    },
+    # IMPALA's DeepMind Lab agent: its deep ResNet and an LSTM fed the last action and reward.
+    # Not run here (deepmind_lab cannot be built on these machines).
+    "dmlab": {
+        "torso": "impala",
+        "shared_torso": True,
+        "lstm": True,
+        "lstm_size": 256,
+        "discount": 0.99,
+        "reward_clip": 1.0,
+        "normalize_advantages": False,
     },
 }

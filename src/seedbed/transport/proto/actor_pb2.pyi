@@ -45,7 +45,7 @@ class ActorMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., step: _Optional[_Union[Step, _Mapping]] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("env_id", "num_envs", "seed", "settings_json", "slot", "obs_dtype", "obs_shape")
+    __slots__ = ("env_id", "num_envs", "seed", "settings_json", "slot", "obs_dtype", "obs_shape", "action_dtype", "action_shape")
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,8 @@ class Assignment(_message.Message):
     SLOT_FIELD_NUMBER: _ClassVar[int]
     OBS_DTYPE_FIELD_NUMBER: _ClassVar[int]
     OBS_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_SHAPE_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     num_envs: int
     seed: int
@@ -60,7 +62,9 @@ class Assignment(_message.Message):
     slot: int
     obs_dtype: str
     obs_shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, env_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., seed: _Optional[int] = ..., settings_json: _Optional[str] = ..., slot: _Optional[int] = ..., obs_dtype: _Optional[str] = ..., obs_shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    action_dtype: str
+    action_shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, env_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., seed: _Optional[int] = ..., settings_json: _Optional[str] = ..., slot: _Optional[int] = ..., obs_dtype: _Optional[str] = ..., obs_shape: _Optional[_Iterable[int]] = ..., action_dtype: _Optional[str] = ..., action_shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Stop(_message.Message):
     __slots__ = ("reason",)

@@ -1,0 +1,266 @@
+"""Google Research Football scenarios (``football:SCENARIO``) as Gymnasium environments.
+
+``football:academy_empty_goal_close``, ``football:11_vs_11_easy_stochastic``… name any scenario
+that ships with gfootball (the ``football`` extra, built from source by ``make football``).
+Options follow the scenario as ``:KEY=VALUE`` parts, so that they travel with the id to every
+actor, local or remote, and into the run's ``config.yaml``::
+
+    football:11_vs_11_easy_stochastic:representation=simple115v2:rewards=scoring,checkpoints
+
+- ``representation``: ``smm`` (default; the "extracted" Super Mini Map of SEED RL: 4 planes of
+  72x96 holding the left team, the right team, the ball and the active player as 0/255),
+  ``pixels`` (the rendered game, RGB, downscaled to 72x96), ``pixels_gray``, ``simple115v2`` or
+  ``simple115`` (115 floats: positions, directions, ball, game mode);
+- ``rewards``: ``scoring`` (default; +1 per goal scored, -1 per goal conceded) or
+  ``scoring,checkpoints`` (plus 0.1 for each of ten zones the ball is first carried into);
+- ``stacked``: ``true`` (default for the image representations: the last 4 observations, as
+  SEED RL stacks them) or ``false``. The vector representations are never stacked.
+
+Image observations are uint8 and channels first, ``[planes x frames, 72, 96]`` (SMM stacked:
+``[16, 72, 96]``), the layout seedbed's torsos take; the vectors are float32 ``[115]``. Actions
+are gfootball's default set of 19 (idle, 8 directions, passes, shot, sprint, ...). The agent
+controls one player, the one nearest the ball. An episode ends when the scenario says so (a
+goal, the ball lost or out of play in the academy scenarios, the final whistle in full games);
+the game clock is part of the task, so every end is reported as ``terminated``.
+
+gfootball is imported on first use, so other envs never pay for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import functools
+import importlib.util
+import io
+import warnings
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from seedbed.errors import ConfigError
+
+PREFIX = "football:"
+INSTALL = "run `make football` (builds gfootball 2.10.2 from source; Debian/Ubuntu)"
+
+# gfootball 2.10.2's scenarios, for close-match errors where gfootball is not installed.
+KNOWN_SCENARIOS = (
+    "11_vs_11_competition",
+    "11_vs_11_easy_stochastic",
+    "11_vs_11_hard_stochastic",
+    "11_vs_11_kaggle",
+    "11_vs_11_stochastic",
+    "1_vs_1_easy",
+    "5_vs_5",
+    "academy_3_vs_1_with_keeper",
+    "academy_corner",
+    "academy_counterattack_easy",
+    "academy_counterattack_hard",
+    "academy_empty_goal",
+    "academy_empty_goal_close",
+    "academy_pass_and_shoot_with_keeper",
+    "academy_run_pass_and_shoot_with_keeper",
+    "academy_run_to_score",
+    "academy_run_to_score_with_keeper",
+    "academy_single_goal_versus_lazy",
+    "test_example_multiagent",
+)
+# Our names of the representations, and gfootball's.
+REPRESENTATIONS = {
+    "smm": "extracted",
+    "extracted": "extracted",
+    "pixels": "pixels",
+    "pixels_gray": "pixels_gray",
+    "simple115v2": "simple115v2",
+    "simple115": "simple115",
+}
+IMAGES = ("extracted", "pixels", "pixels_gray")
+REWARDS = ("scoring", "scoring,checkpoints")
+SMM_SIZE = (96, 72)  # (width, height), gfootball's and SEED RL's default SMM and pixels size
+NUM_ACTIONS = 19  # gfootball's default action set
+
+
+@dataclasses.dataclass(frozen=True)
+class FootballSettings:
+    """A scenario and how the agent sees and is rewarded in it, parsed from a ``football:`` id."""
+
+    scenario: str
+    representation: str = "extracted"  # gfootball's name: extracted, pixels, simple115v2...
+    rewards: str = "scoring"
+    stacked: bool = True
+
+    def protocol(self) -> str:
+        """One line describing the setup, for the run's summary."""
+        name = {"extracted": "SMM"}.get(self.representation, self.representation)
+        stack = ", 4 stacked" if self.stacked else ""
+        return (
+            f"Google Research Football {self.scenario}: {name} observations{stack}, rewards "
+            f"{self.rewards}, {NUM_ACTIONS} actions (default set), one controlled player"
+        )
+
+
+def is_football(env_id: str) -> bool:
+    return env_id.startswith(PREFIX)
+
+
+def _installed_scenarios() -> tuple[str, ...] | None:
+    """The scenario modules of the installed gfootball, read from its files without importing
+    it (its import loads the C++ engine); None where gfootball is not installed."""
+    spec = importlib.util.find_spec("gfootball")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "scenarios"
+    return tuple(sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__"))
+
+
+@functools.cache
+def scenarios() -> tuple[str, ...]:
+    """Every scenario name: the installed gfootball's, else those of gfootball 2.10.2."""
+    return _installed_scenarios() or KNOWN_SCENARIOS
+
+
+def has_gfootball() -> bool:
+    """Whether gfootball is installed (without importing it)."""
+    return importlib.util.find_spec("gfootball") is not None
+
+
+def parse(env_id: str) -> FootballSettings:
+    """The settings of a ``football:SCENARIO[:KEY=VALUE]...`` id, or a one-line error."""
+    scenario, *options = env_id[len(PREFIX) :].split(":")
+    if scenario not in scenarios():
+        close = difflib.get_close_matches(scenario, scenarios(), n=3, cutoff=0.6)
+        hint = (
+            f"; did you mean {', '.join(PREFIX + c for c in close)}?"
+            if close
+            else "; e.g. football:academy_empty_goal_close, football:11_vs_11_easy_stochastic"
+        )
+        raise ConfigError(f"unknown Football scenario '{scenario}'{hint}")
+    values: dict[str, str] = {}
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or key not in ("representation", "rewards", "stacked"):
+            raise ConfigError(
+                f"{env_id}: option '{option}' is not KEY=VALUE with KEY representation, "
+                "rewards or stacked, e.g. football:academy_empty_goal_close:rewards=scoring"
+            )
+        values[key] = value
+    representation = values.get("representation", "smm")
+    if representation not in REPRESENTATIONS:
+        raise ConfigError(
+            f"{env_id}: representation '{representation}' is not one of "
+            f"{', '.join(REPRESENTATIONS)}"
+        )
+    rewards = values.get("rewards", "scoring")
+    if rewards not in REWARDS:
+        raise ConfigError(f"{env_id}: rewards '{rewards}' is not one of {' or '.join(REWARDS)}")
+    representation = REPRESENTATIONS[representation]
+    stacked = values.get("stacked", "true" if representation in IMAGES else "false").lower()
+    if stacked not in ("true", "false"):
+        raise ConfigError(f"{env_id}: stacked must be true or false, got '{stacked}'")
+    if stacked == "true" and representation not in IMAGES:
+        raise ConfigError(f"{env_id}: gfootball stacks only the smm and pixels representations")
+    return FootballSettings(scenario, representation, rewards, stacked == "true")
+
+
+def check_installed() -> None:
+    """A one-line error saying how to install gfootball, where it is missing."""
+    if not has_gfootball():
+        raise ConfigError(f"football: environments need gfootball: {INSTALL}")
+
+
+def _create(settings: FootballSettings, seed: int) -> Any:
+    """gfootball's own (old gym API) environment for ``settings``."""
+    check_installed()
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.WARNING)  # gfootball logs every episode at INFO
+    # gym 0.25 prints a notice on import and warns about its old step API, in every actor: the
+    # wrapper below is the Gymnasium env, so neither applies.
+    with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        import gfootball.env
+
+        warnings.simplefilter("ignore", DeprecationWarning)  # after gym's import sets its own
+        options: dict[str, Any] = {"game_engine_random_seed": seed}
+        pixels = settings.representation.startswith("pixels")
+        if pixels:
+            # The frame is downscaled to 96x72 anyway; rendering 320x180 rather than gfootball's
+            # 1280x720 made software (no GPU) rendering ten times faster: 6 steps/s, not 0.6.
+            options.update(render_resolution_x=320, render_resolution_y=180)
+        return gfootball.env.create_environment(
+            env_name=settings.scenario,
+            stacked=settings.stacked,
+            representation=settings.representation,
+            rewards=settings.rewards,
+            render=pixels,  # only the pixel representations need the game rendered
+            channel_dimensions=SMM_SIZE,
+            other_config_options=options,
+        )
+
+
+class FootballEnv(gym.Env):
+    """One gfootball scenario behind the Gymnasium API (see the module docstring)."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}  # the engine's 10 steps/s
+
+    def __init__(self, settings: FootballSettings, render_mode: str | None = None) -> None:
+        self.settings = settings
+        self.render_mode = render_mode
+        self._rng = np.random.default_rng()  # engine seeds, one per episode; reset(seed) fixes it
+        self._env = _create(settings, self._engine_seed())
+        shape = self._env.observation_space.shape
+        if settings.representation in IMAGES:
+            height, width, channels = shape
+            self.observation_space = gym.spaces.Box(0, 255, (channels, height, width), np.uint8)
+        else:
+            self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape, np.float32)
+        self.action_space = gym.spaces.Discrete(int(self._env.action_space.n))
+
+    def _engine_seed(self) -> int:
+        return int(self._rng.integers(2**31 - 1))
+
+    def _observation(self, obs: Any) -> np.ndarray:
+        if self.settings.representation in IMAGES:
+            # gfootball gives [height, width, planes]; the torsos convolve [planes, h, w].
+            return np.ascontiguousarray(np.moveaxis(np.asarray(obs, np.uint8), -1, 0))
+        return np.asarray(obs, np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict | None = None
+    ) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        # The engine draws each episode from the seed in its config; a fresh one per episode
+        # keeps episodes apart, and one drawn from our generator makes them reproducible.
+        self._env.unwrapped._config["game_engine_random_seed"] = self._engine_seed()
+        return self._observation(self._env.reset()), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        obs, reward, done, info = self._env.step(int(action))
+        return self._observation(obs), float(reward), bool(done), False, {}
+
+    def render(self) -> np.ndarray | None:
+        """The game as an RGB frame: the pixel representations' newest frame, else the SMM's
+        first four planes drawn as colours (rendering the game needs an OpenGL context)."""
+        obs = self._env.unwrapped.observation()[0]
+        if "frame" in obs:
+            return np.asarray(obs["frame"], np.uint8)
+        from gfootball.env import observation_preprocessing
+
+        smm = observation_preprocessing.generate_smm([obs], SMM_SIZE)[0]  # [h, w, 4]
+        frame = np.zeros((*smm.shape[:2], 3), np.uint8)
+        frame[..., 0] = np.maximum(smm[..., 0], smm[..., 3])  # left team red, active white
+        frame[..., 1] = np.maximum(smm[..., 2], smm[..., 3])  # ball green
+        frame[..., 2] = np.maximum(smm[..., 1], smm[..., 3])  # right team blue
+        return frame
+
+    def close(self) -> None:
+        self._env.close()
+
+
+def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
+    """The scenario of a ``football:`` id as a Gymnasium env."""
+    return FootballEnv(parse(env_id), render_mode)
