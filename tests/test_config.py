@@ -63,10 +63,6 @@ def test_saved_config_round_trips():
         ({"inference": "local", "precision": "int8"}, "--precision is for --inference central"),
         ({"precision": "int8", "device": "cuda"}, "--precision int8 uses PyTorch's int8 CPU"),
         ({"precision": "int4"}, "--precision"),
-        (
-            {"inference": "local", "listen": "127.0.0.1:0"},
-            "--inference local does not work with --listen yet",
-        ),
         ({"learner_replicas": 0}, "--learner-replicas must be positive, got 0"),
         (
             {"learner_replicas": 2, "actors": 3},

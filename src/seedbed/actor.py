@@ -79,6 +79,22 @@ def run_actor(
             policy.close()
 
 
+def _remote_policy(client: Any, settings: AtariSettings | None) -> Any:
+    """The ``LocalPolicy`` a remote actor acts with, as its assignment describes it; the
+    stream itself brings the policies."""
+    from seedbed.agents import config_class
+    from seedbed.config import build
+    from seedbed.envs import make_spec
+    from seedbed.inference.local import LocalActing, LocalPolicy
+
+    job = client.assignment
+    local = job.local
+    agent_config = build(config_class(local["agent"]), local["agent_config"])
+    spec = make_spec(job.env_id, settings)
+    acting = LocalActing(local["agent"], agent_config, spec, local["num_envs"], client)
+    return LocalPolicy(acting, local["first_env"], job.num_envs, job.seed)
+
+
 def run_remote_actor(
     address: str,
     token: bytes | None = None,
@@ -112,10 +128,12 @@ def run_remote_actor(
         job = client.assignment
         settings = AtariSettings(**job.settings) if job.settings else None
         log.info("acting in slot %d: %d x %s", job.slot, job.num_envs, job.env_id)
-        envs = None
+        envs = policy = None
         try:
             envs = make_vector_env(job.env_id, job.num_envs, job.seed, settings)
-            act(client, envs, job.seed)
+            if job.local is not None:
+                policy = _remote_policy(client, settings)
+            act(client, envs, job.seed, policy)
         except LearnerStopped as e:
             return str(e)
         except ConnectionError as e:
@@ -124,3 +142,5 @@ def run_remote_actor(
             client.close()
             if envs is not None:
                 envs.close()
+            if policy is not None:
+                policy.close()

@@ -171,11 +171,6 @@ class TrainConfig:
             raise ConfigError(
                 "--precision int8 uses PyTorch's int8 CPU kernels: use --device cpu, or fp32"
             )
-        if self.inference == "local" and self.listen:
-            raise ConfigError(
-                "--inference local does not work with --listen yet: remote actors act "
-                "centrally; use --inference central"
-            )
 
     def _check_replicas(self) -> None:
         n = self.learner_replicas

@@ -45,15 +45,29 @@ def learner(
     return proc, address_file.read_text().strip()
 
 
-def test_two_remote_actors_train_cartpole(tmp_path, no_leaks):
+@pytest.mark.parametrize(
+    "inference",
+    [
+        (),
+        # The actors act themselves, in int8 (layers wide enough that int8 applies), and get
+        # each policy over their stream.
+        ("--inference", "local", "--actor-precision", "int8", "--hidden-sizes", "256,256"),
+    ],
+    ids=["central", "local-int8"],
+)
+def test_two_remote_actors_train_cartpole(tmp_path, no_leaks, inference):
     run = tmp_path / "run"
-    lr, address = learner(run, "--target-return", "195", "--total-frames", "2000000")
+    flags = ("--target-return", "195", "--total-frames", "2000000", *inference)
+    lr, address = learner(run, *flags)
     actors = [start("actor", "--connect", address) for _ in range(2)]
     code, out, err = finish(lr)
     assert code == 0, err[-2000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "target_return" and summary["mean_return_100"] >= 195
     assert summary["remote_actors"]["connections"] == 2
+    if inference:
+        assert summary["inference"]["mode"] == "local"
+        assert summary["inference"]["quantization_error_max"] > 0
     for actor in actors:  # told that training is over: they leave by themselves, cleanly
         code, out, err = finish(actor, 30)
         assert code == 0 and "training is over" in out, err[-2000:]

@@ -263,3 +263,66 @@ def test_unix_socket(learner, tmp_path):
     client = GrpcActorClient(lr.gateway.address)
     steps(client, 5)
     client.close()
+
+
+def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks):
+    """Local inference over gRPC: steps carry the acted fields into shared memory; the policy
+    comes with the assignment and again before the answer once the learner posts a newer one."""
+    from seedbed.transport.shm import PolicyBoard
+
+    acted_fields = (("action", (), "int64"), ("version", (), "int64"), ("logits", (2,), "<f4"))
+    server = SharedMemoryServer(
+        2, ENVS, OBS, "float32", multiprocessing.get_context(), acted=acted_fields
+    )
+    board = PolicyBoard(64)
+    board.post(b"policy one", 1)
+    local = {"agent": "vtrace", "agent_config": {}, "num_envs": 2 * ENVS, "first_env": 0}
+    local["acted"] = [list(f) for f in acted_fields]
+    gateway = ActorGateway(
+        "127.0.0.1:0",
+        [0, 1],
+        functools.partial(server.connect, in_process=True),
+        lambda slot, n: Assignment("CartPole-v1", ENVS, n, None, slot, "<f4", OBS, local=local),
+        board=board.handle,
+    )
+    received, stop = [], threading.Event()
+
+    def answer() -> None:
+        while not stop.is_set():
+            request = server.recv(2 * ENVS, 0.001)
+            if request is not None:
+                received.append({k: v.copy() for k, v in request.acted.items()})
+                server.send(request, request.acted["action"])
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    gateway.start()
+    client = None
+    try:
+        client = GrpcActorClient(gateway.address)
+        assert client.assignment.local["first_env"] == 0
+        assert client.read(-1) == (b"policy one", 1) and client.read(1) is None
+        obs, zeros = np.zeros((ENVS, *OBS), np.float32), np.zeros(ENVS, bool)
+        for t in range(3):
+            acted = {
+                "action": np.arange(ENVS) + t,
+                "version": np.full(ENVS, 1),
+                "logits": np.full((ENVS, 2), t, np.float32),
+            }
+            if t == 2:
+                board.post(b"policy two", 2)
+            assert client.call(obs, zeros.astype(np.float32), zeros, zeros, acted).tolist() == (
+                acted["action"].tolist()
+            )
+            assert received[-1]["logits"].tolist() == acted["logits"].tolist()
+        assert client.read(1) == (b"policy two", 2)
+        with pytest.raises(Refused, match="bad step: acted fields"):
+            client.call(obs, zeros.astype(np.float32), zeros, zeros)  # nothing acted
+    finally:
+        if client is not None:
+            client.close()
+        stop.set()
+        thread.join()
+        server.close()
+        gateway.stop(0)
+        board.close()

@@ -31,7 +31,7 @@ from rich.console import Console
 
 from seedbed.actor import run_actor
 from seedbed.agents import make_agent
-from seedbed.config import RunConfig
+from seedbed.config import RunConfig, to_dict
 from seedbed.energy import EnergyMeter
 from seedbed.envs import make_spec
 from seedbed.errors import SeedbedError
@@ -299,6 +299,15 @@ class TrainingRun:
         cfg = self.layout
         settings = dataclasses.asdict(cfg.atari_settings())
 
+        local = None
+        if cfg.inference == "local":
+            local = {
+                "agent": cfg.agent,
+                "agent_config": to_dict(self.config.agent),
+                "num_envs": cfg.num_envs,
+                "acted": [list(field) for field in transport.layout.acted],
+            }
+
         def assign(slot: int, connection: int) -> Assignment:
             return Assignment(
                 env_id=cfg.env,
@@ -310,6 +319,7 @@ class TrainingRun:
                 obs_shape=tuple(self.spec.obs_shape),
                 action_dtype=self.spec.action_dtype,
                 action_shape=tuple(self.spec.action_shape),
+                local=None if local is None else {**local, "first_env": slot * cfg.envs_per_actor},
             )
 
         token, tls = self.secrets
@@ -320,6 +330,7 @@ class TrainingRun:
             assign,
             token=token,
             tls=tls,
+            board=None if self.publisher.board is None else self.publisher.board.handle,
         )
         # Port 0 picks a free port: say which, for people and for scripts that start actors.
         (self.run_dir / "listen_address").write_text(gateway.address + "\n")

@@ -11,6 +11,10 @@ What crosses the wire is ``proto/actor.proto``: raw array bytes with dtype and s
 against what the learner expects before they are used. Nothing is unpickled. A listener on a
 non-loopback address needs a shared token (sent as ``authorization: Bearer TOKEN`` metadata);
 TLS is optional. Message sizes are capped at what one step of the slot can hold.
+
+With local inference the actor acts itself: its steps carry what it acted (as shared-memory
+actors write it into their rows), and the learner sends it each newer policy from the
+``PolicyBoard`` before answering a step.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ from seedbed.transport.proto import actor_pb2 as pb
 log = logging.getLogger(__name__)
 
 # Bump when actor.proto changes incompatibly. 2: actions may be float arrays (Assignment says).
-PROTOCOL = 2
+# 3: local inference (Step.acted, Assignment.local_json, Policy).
+PROTOCOL = 3
 METHOD = "/seedbed.v1.Learner/Act"
 _HEADROOM = 64 * 1024  # bytes a message may carry beyond its arrays (field tags, dtype strings)
 
@@ -90,6 +95,14 @@ class Assignment:
     obs_shape: tuple[int, ...]
     action_dtype: str = "int64"  # what the actions carry: int64 scalars for discrete envs
     action_shape: tuple[int, ...] = ()  # one env's action
+    # Local inference, as plain values: "agent", "agent_config", "num_envs" (the run's),
+    # "first_env" (this slot's first env id) and "acted" ([name, shape, dtype] per field).
+    local: dict[str, Any] | None = None
+
+    def acted(self) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+        """The fields each step carries besides its arrays (none in central mode)."""
+        local = self.local or {}
+        return tuple((name, tuple(shape), dtype) for name, shape, dtype in local.get("acted", ()))
 
     def to_message(self) -> pb.LearnerMessage:
         settings = json.dumps(self.settings) if self.settings is not None else ""
@@ -104,6 +117,7 @@ class Assignment:
                 obs_shape=self.obs_shape,
                 action_dtype=self.action_dtype,
                 action_shape=self.action_shape,
+                local_json=json.dumps(self.local) if self.local is not None else "",
             )
         )
 
@@ -119,6 +133,7 @@ class Assignment:
             obs_shape=tuple(message.obs_shape),
             action_dtype=message.action_dtype or "int64",
             action_shape=tuple(message.action_shape),
+            local=json.loads(message.local_json) if message.local_json else None,
         )
 
 
@@ -177,8 +192,11 @@ class ActorGateway:
         assign: Callable[[int, int], Assignment],
         token: bytes | None = None,
         tls: tuple[bytes, bytes] | None = None,
+        board: Any = None,
     ) -> None:
+        """``board``: with local inference, the ``BoardHandle`` of the policy actors act with."""
         check_token_needed(address, token is not None)
+        self._board = board.open() if board is not None else None
         self._token = token.strip() if token else None
         self._connect = connect
         self._assign = assign
@@ -243,7 +261,8 @@ class ActorGateway:
     @staticmethod
     def _step_bytes(assignment: Assignment) -> int:
         obs = math.prod(assignment.obs_shape) * np.dtype(assignment.obs_dtype).itemsize
-        return assignment.num_envs * (obs + 4 + 1 + 1)
+        acted = sum(math.prod(s) * np.dtype(d).itemsize for _, s, d in assignment.acted())
+        return assignment.num_envs * (obs + 4 + 1 + 1 + acted)
 
     def start(self) -> None:
         self._on_loop(self._server.start())
@@ -256,6 +275,8 @@ class ActorGateway:
         self._stopping.set()
         self._on_loop(self._server.stop(grace_s), timeout_s=grace_s + 10.0)
         self._close_loop()
+        if self._board is not None:
+            self._board.close()
 
     def _close_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -330,28 +351,52 @@ class ActorGateway:
             ("done", np.dtype(np.bool_), (e,)),
             ("truncated", np.dtype(np.bool_), (e,)),
         )
+        acted_fields = [(n, np.dtype(d), (e, *s)) for n, s, d in assignment.acted()]
+        sent = -1  # the newest policy version this actor was sent
         try:
             yield assignment.to_message()
+            if acted_fields:
+                sent, policy = self._newer_policy(sent)
+                if policy is not None:
+                    yield policy  # the actor acts from its first step on
             async for message in requests:
                 if _kind(message) != "step":
                     raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, "expected a step")
+                step = message.step
                 try:
-                    arrays = [from_wire(getattr(message.step, n), n, d, s) for n, d, s in fields]
+                    arrays = [from_wire(getattr(step, n), n, d, s) for n, d, s in fields]
+                    if set(step.acted) != {n for n, _, _ in acted_fields}:
+                        raise ValueError(f"acted fields {sorted(step.acted)} are not the assigned")
+                    acted = {n: from_wire(step.acted[n], n, d, s) for n, d, s in acted_fields}
                 except ValueError as err:
                     raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"bad step: {err}") from None
                 try:
-                    actions = await self._call(client, arrays)
+                    actions = await self._call(client, arrays, acted or None)
                 except ConnectionError:
                     yield pb.LearnerMessage(stop=pb.Stop(reason="training is over"))
                     return
+                if acted_fields:
+                    sent, policy = self._newer_policy(sent)
+                    if policy is not None:
+                        yield policy
                 yield pb.LearnerMessage(actions=to_wire(actions))
             log.info("actor %s left slot %d", name, slot)
         finally:
             client.close()
 
-    async def _call(self, client: Any, arrays: list[np.ndarray]) -> np.ndarray:
+    def _newer_policy(self, sent: int) -> tuple[int, pb.LearnerMessage | None]:
+        """The board's policy as a message if it is newer than version ``sent``."""
+        post = self._board.read(sent)
+        if post is None:
+            return sent, None
+        payload, version = post
+        return version, pb.LearnerMessage(policy=pb.Policy(version=version, payload=payload))
+
+    async def _call(
+        self, client: Any, arrays: list[np.ndarray], acted: dict[str, np.ndarray] | None = None
+    ) -> np.ndarray:
         """``client.call`` without blocking the loop: await the reply pipe, then collect."""
-        client.submit(*arrays)
+        client.submit(*arrays, acted)
         answered = self._loop.create_future()
         fd = client.reply_fd
         self._loop.add_reader(fd, lambda: answered.done() or answered.set_result(None))
@@ -383,6 +428,9 @@ class GrpcActorClient:
     It drives gRPC's asyncio API from a private event loop in the calling thread, so a step's
     round trip needs no helper threads on the actor's side (the threaded API passes each
     message through two).
+
+    With local inference it is also the actor's policy board: ``read`` gives the newest policy
+    the learner sent (the first arrives with the assignment, later ones before the answers).
     """
 
     def __init__(
@@ -404,6 +452,9 @@ class GrpcActorClient:
             self.close()
             raise ConnectionError(f"the learner answered hello with {first.WhichOneof('kind')}")
         self.assignment = Assignment.from_message(first.assignment)
+        self._policy: tuple[bytes, int] | None = None
+        if self.assignment.local is not None:
+            self._take(self._run(self._read()), want="policy")  # before the first step
 
     def _run(self, coroutine: Any) -> Any:
         """Run ``coroutine`` to completion, translating gRPC's errors into ours."""
@@ -426,7 +477,8 @@ class GrpcActorClient:
         timeout_s: float,
     ) -> pb.LearnerMessage:
         options = [
-            ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+            # Policies (local inference) are the largest messages a learner sends.
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
             ("grpc.keepalive_time_ms", 20_000),
             ("grpc.keepalive_timeout_ms", 10_000),
         ]
@@ -450,10 +502,16 @@ class GrpcActorClient:
         return await self._roundtrip(pb.ActorMessage(hello=hello))
 
     async def _roundtrip(self, message: pb.ActorMessage) -> pb.LearnerMessage:
+        await self._write(message)
+        return await self._read()
+
+    async def _write(self, message: pb.ActorMessage) -> None:
         try:
             await self._stream.write(message)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             await self._raise_status()  # the learner ended the stream first: say why it did
+
+    async def _read(self) -> pb.LearnerMessage:
         reply = await self._stream.read()
         if reply is grpc.aio.EOF:
             await self._raise_status()
@@ -467,26 +525,69 @@ class GrpcActorClient:
         raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
     def call(
-        self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
+        self,
+        obs: np.ndarray,
+        reward: np.ndarray,
+        done: np.ndarray,
+        truncated: np.ndarray,
+        acted: dict[str, np.ndarray] | None = None,
     ) -> np.ndarray:
+        self.submit(obs, reward, done, truncated, acted)
+        return self.collect()
+
+    def submit(
+        self,
+        obs: np.ndarray,
+        reward: np.ndarray,
+        done: np.ndarray,
+        truncated: np.ndarray,
+        acted: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        """Send one step (with local inference, with what the actor ``acted``)."""
         step = pb.Step(
             obs=to_wire(obs),
             reward=to_wire(np.asarray(reward, np.float32)),
             done=to_wire(np.asarray(done, np.bool_)),
             truncated=to_wire(np.asarray(truncated, np.bool_)),
         )
-        reply = self._run(self._roundtrip(pb.ActorMessage(step=step)))
-        kind = reply.WhichOneof("kind")
-        if kind == "stop":
-            raise LearnerStopped(reply.stop.reason)
-        if kind != "actions":
-            raise ConnectionError(f"the learner sent {kind} where actions were due")
+        for name, value in (acted or {}).items():
+            step.acted[name].CopyFrom(to_wire(value))
+        self._run(self._write(pb.ActorMessage(step=step)))
+
+    def collect(self) -> np.ndarray:
+        """The answer to the last step: its actions (taking any newer policy sent first)."""
+        while True:
+            reply = self._run(self._read())
+            if self._take(reply, want="actions"):
+                break
         job = self.assignment
         shape, dtype = (job.num_envs, *job.action_shape), np.dtype(job.action_dtype)
         try:
             return from_wire(reply.actions, "actions", dtype, shape).copy()
         except ValueError as e:
             raise ConnectionError(f"the learner sent malformed actions: {e}") from None
+
+    def _take(self, reply: pb.LearnerMessage, want: str) -> bool:
+        """Keep a policy; True when ``reply`` is what is ``want``ed. Raises on a stop."""
+        kind = reply.WhichOneof("kind")
+        if kind == "stop":
+            raise LearnerStopped(reply.stop.reason)
+        if kind == "policy" and self.assignment.local is not None:
+            self._policy = (reply.policy.payload, reply.policy.version)
+            return want == "policy"
+        if kind != want:
+            raise ConnectionError(f"the learner sent {kind} where {want} was due")
+        return True
+
+    def read(self, newer_than: int) -> tuple[bytes, int] | None:
+        """The newest policy the learner sent and its version, if newer than ``newer_than``
+        (a ``PolicyBoard``'s read, for ``LocalPolicy``)."""
+        if self._policy is None or self._policy[1] <= newer_than:
+            return None
+        return self._policy
+
+    def open(self) -> GrpcActorClient:
+        return self  # a LocalPolicy opens its board; this one is the stream itself
 
     def close(self) -> None:
         if self._loop.is_closed():

@@ -24,27 +24,33 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0b\x61\x63tor.proto\x12\nseedbed.v1\"3\n\x05\x41rray\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"-\n\x05Hello\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x12\n\nactor_name\x18\x02 \x01(\t\"\x90\x01\n\x04Step\x12\x1e\n\x03obs\x18\x01 \x01(\x0b\x32\x11.seedbed.v1.Array\x12!\n\x06reward\x18\x02 \x01(\x0b\x32\x11.seedbed.v1.Array\x12\x1f\n\x04\x64one\x18\x03 \x01(\x0b\x32\x11.seedbed.v1.Array\x12$\n\ttruncated\x18\x04 \x01(\x0b\x32\x11.seedbed.v1.Array\"\\\n\x0c\x41\x63torMessage\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x11.seedbed.v1.HelloH\x00\x12 \n\x04step\x18\x02 \x01(\x0b\x32\x10.seedbed.v1.StepH\x00\x42\x06\n\x04kind\"\xb3\x01\n\nAssignment\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x10\n\x08num_envs\x18\x02 \x01(\r\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x15\n\rsettings_json\x18\x04 \x01(\t\x12\x0c\n\x04slot\x18\x05 \x01(\r\x12\x11\n\tobs_dtype\x18\x06 \x01(\t\x12\x11\n\tobs_shape\x18\x07 \x03(\x03\x12\x14\n\x0c\x61\x63tion_dtype\x18\x08 \x01(\t\x12\x14\n\x0c\x61\x63tion_shape\x18\t \x03(\x03\"\x16\n\x04Stop\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x8e\x01\n\x0eLearnerMessage\x12,\n\nassignment\x18\x01 \x01(\x0b\x32\x16.seedbed.v1.AssignmentH\x00\x12$\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x11.seedbed.v1.ArrayH\x00\x12 \n\x04stop\x18\x03 \x01(\x0b\x32\x10.seedbed.v1.StopH\x00\x42\x06\n\x04kind2J\n\x07Learner\x12?\n\x03\x41\x63t\x12\x18.seedbed.v1.ActorMessage\x1a\x1a.seedbed.v1.LearnerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0b\x61\x63tor.proto\x12\nseedbed.v1\"3\n\x05\x41rray\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"-\n\x05Hello\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x12\n\nactor_name\x18\x02 \x01(\t\"\xfd\x01\n\x04Step\x12\x1e\n\x03obs\x18\x01 \x01(\x0b\x32\x11.seedbed.v1.Array\x12!\n\x06reward\x18\x02 \x01(\x0b\x32\x11.seedbed.v1.Array\x12\x1f\n\x04\x64one\x18\x03 \x01(\x0b\x32\x11.seedbed.v1.Array\x12$\n\ttruncated\x18\x04 \x01(\x0b\x32\x11.seedbed.v1.Array\x12*\n\x05\x61\x63ted\x18\x05 \x03(\x0b\x32\x1b.seedbed.v1.Step.ActedEntry\x1a?\n\nActedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.seedbed.v1.Array:\x02\x38\x01\"\\\n\x0c\x41\x63torMessage\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x11.seedbed.v1.HelloH\x00\x12 \n\x04step\x18\x02 \x01(\x0b\x32\x10.seedbed.v1.StepH\x00\x42\x06\n\x04kind\"\xc7\x01\n\nAssignment\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x10\n\x08num_envs\x18\x02 \x01(\r\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x15\n\rsettings_json\x18\x04 \x01(\t\x12\x0c\n\x04slot\x18\x05 \x01(\r\x12\x11\n\tobs_dtype\x18\x06 \x01(\t\x12\x11\n\tobs_shape\x18\x07 \x03(\x03\x12\x14\n\x0c\x61\x63tion_dtype\x18\x08 \x01(\t\x12\x14\n\x0c\x61\x63tion_shape\x18\t \x03(\x03\x12\x12\n\nlocal_json\x18\n \x01(\t\"*\n\x06Policy\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\x16\n\x04Stop\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xb4\x01\n\x0eLearnerMessage\x12,\n\nassignment\x18\x01 \x01(\x0b\x32\x16.seedbed.v1.AssignmentH\x00\x12$\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x11.seedbed.v1.ArrayH\x00\x12 \n\x04stop\x18\x03 \x01(\x0b\x32\x10.seedbed.v1.StopH\x00\x12$\n\x06policy\x18\x04 \x01(\x0b\x32\x12.seedbed.v1.PolicyH\x00\x42\x06\n\x04kind2J\n\x07Learner\x12?\n\x03\x41\x63t\x12\x18.seedbed.v1.ActorMessage\x1a\x1a.seedbed.v1.LearnerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'actor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_STEP_ACTEDENTRY']._loaded_options = None
+  _globals['_STEP_ACTEDENTRY']._serialized_options = b'8\001'
   _globals['_ARRAY']._serialized_start=27
   _globals['_ARRAY']._serialized_end=78
   _globals['_HELLO']._serialized_start=80
   _globals['_HELLO']._serialized_end=125
   _globals['_STEP']._serialized_start=128
-  _globals['_STEP']._serialized_end=272
-  _globals['_ACTORMESSAGE']._serialized_start=274
-  _globals['_ACTORMESSAGE']._serialized_end=366
-  _globals['_ASSIGNMENT']._serialized_start=369
-  _globals['_ASSIGNMENT']._serialized_end=548
-  _globals['_STOP']._serialized_start=550
-  _globals['_STOP']._serialized_end=572
-  _globals['_LEARNERMESSAGE']._serialized_start=575
-  _globals['_LEARNERMESSAGE']._serialized_end=717
-  _globals['_LEARNER']._serialized_start=719
-  _globals['_LEARNER']._serialized_end=793
+  _globals['_STEP']._serialized_end=381
+  _globals['_STEP_ACTEDENTRY']._serialized_start=318
+  _globals['_STEP_ACTEDENTRY']._serialized_end=381
+  _globals['_ACTORMESSAGE']._serialized_start=383
+  _globals['_ACTORMESSAGE']._serialized_end=475
+  _globals['_ASSIGNMENT']._serialized_start=478
+  _globals['_ASSIGNMENT']._serialized_end=677
+  _globals['_POLICY']._serialized_start=679
+  _globals['_POLICY']._serialized_end=721
+  _globals['_STOP']._serialized_start=723
+  _globals['_STOP']._serialized_end=745
+  _globals['_LEARNERMESSAGE']._serialized_start=748
+  _globals['_LEARNERMESSAGE']._serialized_end=928
+  _globals['_LEARNER']._serialized_start=930
+  _globals['_LEARNER']._serialized_end=1004
 # @@protoc_insertion_point(module_scope)

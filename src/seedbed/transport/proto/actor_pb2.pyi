@@ -25,16 +25,25 @@ class Hello(_message.Message):
     def __init__(self, protocol: _Optional[int] = ..., actor_name: _Optional[str] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("obs", "reward", "done", "truncated")
+    __slots__ = ("obs", "reward", "done", "truncated", "acted")
+    class ActedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Array
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Array, _Mapping]] = ...) -> None: ...
     OBS_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    ACTED_FIELD_NUMBER: _ClassVar[int]
     obs: Array
     reward: Array
     done: Array
     truncated: Array
-    def __init__(self, obs: _Optional[_Union[Array, _Mapping]] = ..., reward: _Optional[_Union[Array, _Mapping]] = ..., done: _Optional[_Union[Array, _Mapping]] = ..., truncated: _Optional[_Union[Array, _Mapping]] = ...) -> None: ...
+    acted: _containers.MessageMap[str, Array]
+    def __init__(self, obs: _Optional[_Union[Array, _Mapping]] = ..., reward: _Optional[_Union[Array, _Mapping]] = ..., done: _Optional[_Union[Array, _Mapping]] = ..., truncated: _Optional[_Union[Array, _Mapping]] = ..., acted: _Optional[_Mapping[str, Array]] = ...) -> None: ...
 
 class ActorMessage(_message.Message):
     __slots__ = ("hello", "step")
@@ -45,7 +54,7 @@ class ActorMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., step: _Optional[_Union[Step, _Mapping]] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("env_id", "num_envs", "seed", "settings_json", "slot", "obs_dtype", "obs_shape", "action_dtype", "action_shape")
+    __slots__ = ("env_id", "num_envs", "seed", "settings_json", "slot", "obs_dtype", "obs_shape", "action_dtype", "action_shape", "local_json")
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +64,7 @@ class Assignment(_message.Message):
     OBS_SHAPE_FIELD_NUMBER: _ClassVar[int]
     ACTION_DTYPE_FIELD_NUMBER: _ClassVar[int]
     ACTION_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_JSON_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     num_envs: int
     seed: int
@@ -64,7 +74,16 @@ class Assignment(_message.Message):
     obs_shape: _containers.RepeatedScalarFieldContainer[int]
     action_dtype: str
     action_shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, env_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., seed: _Optional[int] = ..., settings_json: _Optional[str] = ..., slot: _Optional[int] = ..., obs_dtype: _Optional[str] = ..., obs_shape: _Optional[_Iterable[int]] = ..., action_dtype: _Optional[str] = ..., action_shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    local_json: str
+    def __init__(self, env_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., seed: _Optional[int] = ..., settings_json: _Optional[str] = ..., slot: _Optional[int] = ..., obs_dtype: _Optional[str] = ..., obs_shape: _Optional[_Iterable[int]] = ..., action_dtype: _Optional[str] = ..., action_shape: _Optional[_Iterable[int]] = ..., local_json: _Optional[str] = ...) -> None: ...
+
+class Policy(_message.Message):
+    __slots__ = ("version", "payload")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    payload: bytes
+    def __init__(self, version: _Optional[int] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class Stop(_message.Message):
     __slots__ = ("reason",)
@@ -73,11 +92,13 @@ class Stop(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class LearnerMessage(_message.Message):
-    __slots__ = ("assignment", "actions", "stop")
+    __slots__ = ("assignment", "actions", "stop", "policy")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     actions: Array
     stop: Stop
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., actions: _Optional[_Union[Array, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ...) -> None: ...
+    policy: Policy
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., actions: _Optional[_Union[Array, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ...) -> None: ...
