@@ -37,6 +37,19 @@ def test_image_torsos_give_logits_values_and_state(torso, lstm_size):
         assert new_state == ()
 
 
+@pytest.mark.parametrize("shared_torso", [True, False])
+@pytest.mark.parametrize("lstm_size", [None, 8])
+def test_acting_without_values_gives_the_same_policy(shared_torso, lstm_size):
+    net = make_actor_critic(VECTOR, (16,), lstm_size, shared_torso=shared_torso)
+    args = (*inputs(VECTOR, 3, 4), net.initial_state(4))
+    logits, values, state = net(*args)
+    policy_only, none, same_state = net(*args, values=False)
+    assert none is None and values.shape == (3, 4)
+    torch.testing.assert_close(policy_only, logits, rtol=0, atol=0)
+    for a, b in zip(state, same_state, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_torsos_differ_as_published():
     nature = make_actor_critic(ATARI, (), None, torso="nature")
     impala = make_actor_critic(ATARI, (), None, torso="impala")

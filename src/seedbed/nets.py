@@ -203,8 +203,14 @@ class ActorCriticNet(nn.Module):
         reward: torch.Tensor,
         done: torch.Tensor,
         state: State,
-    ) -> tuple[torch.Tensor, torch.Tensor, State]:
-        """Inputs [T, B, ...] -> policy logits [T, B, A], values [T, B], next state."""
+        values: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, State]:
+        """Inputs [T, B, ...] -> policy logits [T, B, A], values [T, B], next state.
+
+        ``values=False`` skips the value head (and a separate value torso): acting with a
+        policy gradient agent needs only the logits, and the value torso costs as much as the
+        policy's.
+        """
         steps, batch = obs.shape[:2]
         flat = obs.reshape(steps * batch, *obs.shape[2:])
         x = self._features(self.torso, flat).view(steps, batch, -1)
@@ -214,12 +220,15 @@ class ActorCriticNet(nn.Module):
             one_hot = F.one_hot(prev_action, self.num_actions).to(x.dtype) * keep
             clipped = reward.clamp(-1.0, 1.0).unsqueeze(-1).to(x.dtype) * keep
             x, state = self.core(torch.cat([x, one_hot, clipped], dim=-1), done, state)
+        if not values:
+            return self.policy(x), None, state
         v = x if self.value_torso is None else self._features(self.value_torso, flat)
         return self.policy(x), self.value(v.view(steps, batch, -1)).squeeze(-1), state
 
     def _features(self, torso: nn.Module, obs: torch.Tensor) -> torch.Tensor:
-        low = self.torso_dtype != torch.float32
-        with torch.autocast(obs.device.type, dtype=self.torso_dtype, enabled=low):
+        if self.torso_dtype == torch.float32:
+            return torso(obs)  # no autocast context: entering one costs as much as a small layer
+        with torch.autocast(obs.device.type, dtype=self.torso_dtype):
             return torso(obs).float()
 
 

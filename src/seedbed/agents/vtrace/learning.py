@@ -137,7 +137,12 @@ class VTraceAgent:
     def act(self, net: ActorCriticNet, step: StepInput, state: State) -> ActOutput:
         """Sample an action per environment from the policy (Gumbel-max on the logits)."""
         logits, _, state = net(
-            step.obs[None], step.prev_action[None], step.reward[None], step.done[None], state
+            step.obs[None],
+            step.prev_action[None],
+            step.reward[None],
+            step.done[None],
+            state,
+            values=False,  # acting needs only the policy
         )
         logits = logits[0]
         gumbel = -torch.empty_like(logits).exponential_().log()
