@@ -22,9 +22,10 @@ for reference, PyTorch's weight-only int8 kernel (float activations: not ActorQ'
 
 ``runs`` trains with ``seedbed train`` (a subprocess per run, the same seeds for every setup):
 central fp32 inference, then local actors at fp32, fp16 and int8: DQN on CartPole with the
-3x512 MLP, or D4PG on DM Control's cartpole-balance. Per setup it prints, over seeds: how many reached the target, the median wall
-time and frames to it, the final 100-episode return, actor steps/s (env steps per second over
-the run), broadcast bytes, kWh and kg CO2e; and the same as a Markdown table (QuaRL's layout).
+3x512 MLP, or D4PG on DM Control's cartpole-balance. Per setup it prints, over seeds: how many
+reached the target, the median wall time and frames to it, the final 100-episode return, actor
+steps/s (env steps per second over the run), broadcast bytes, kWh and kg CO2e; and the same as
+a Markdown table (QuaRL's layout).
 """
 
 from __future__ import annotations
