@@ -88,3 +88,17 @@ def test_image_networks_start_near_uniform_with_features_that_see_the_input():
     assert (logits.softmax(-1) - 1 / 6).abs().max() < 0.02
     features = net.torso(obs[0])
     assert (features.std(0) > 0).float().mean() > 0.5  # most units respond to the frames
+
+
+def test_football_torso_is_seeds_four_stack_resnet():
+    smm = EnvSpec("football:academy_empty_goal_close", (16, 72, 96), "uint8", 19)
+    net = make_actor_critic(smm, (), None, shared_torso=True, torso="football")
+    convs = [m for m in net.torso.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [16] * 5 + [32] * 15
+    assert net.torso.fc[0].in_features == 32 * 5 * 6 and net.torso.out_size == 256
+    obs, actions, rewards, done = inputs(smm, 2, 3)
+    obs = torch.zeros_like(obs)
+    obs[..., ::4, 30:34, 40:44] = 255  # sparse 0/255 planes, as the Super Mini Map's
+    logits, values, _ = net(obs, actions, rewards, done, ())
+    assert logits.shape == (2, 3, 19) and values.shape == (2, 3)
+    assert values.abs().max() < 0.5  # the value head starts near zero (nets.FootballResNet)

@@ -430,7 +430,9 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     # Continuous control: returns have no common target (DM Control's top out at 1,000).
     "dmc": {"target_return": None, "total_frames": 1_000_000},
     "mujoco": {"target_return": None, "total_frames": 1_000_000},
-    # Google Research Football on a 2-core CPU: see FOOTBALL_LAYOUT_NOTE below.
+    # Google Research Football on 2 CPU cores: gfootball steps ~150 frames/s per core and the
+    # Football ResNet costs about as much, so 16 envs and batches of 8 unrolls of 16 steps
+    # (a policy lag near 4 updates); full games have no common target return.
     "football": {
         "target_return": None,
         "total_frames": 5_000_000,

@@ -242,9 +242,10 @@ class FootballEnv(gym.Env):
         obs, reward, done, info = self._env.step(int(action))
         return self._observation(obs), float(reward), bool(done), False, {}
 
-    def render(self) -> np.ndarray | None:
-        """The game as an RGB frame: the pixel representations' newest frame, else the SMM's
-        first four planes drawn as colours (rendering the game needs an OpenGL context)."""
+    def render(self) -> np.ndarray:
+        """The game as an RGB frame: the rendered game for the pixel representations, else the
+        current Super Mini Map in colour, 4x enlarged (the others do not render the game, which
+        would need an OpenGL context)."""
         obs = self._env.unwrapped.observation()[0]
         if "frame" in obs:
             return np.asarray(obs["frame"], np.uint8)
@@ -255,7 +256,7 @@ class FootballEnv(gym.Env):
         frame[..., 0] = np.maximum(smm[..., 0], smm[..., 3])  # left team red, active white
         frame[..., 1] = np.maximum(smm[..., 2], smm[..., 3])  # ball green
         frame[..., 2] = np.maximum(smm[..., 1], smm[..., 3])  # right team blue
-        return frame
+        return frame.repeat(4, axis=0).repeat(4, axis=1)
 
     def close(self) -> None:
         self._env.close()
