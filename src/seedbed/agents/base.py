@@ -159,3 +159,46 @@ def optimizer_step(
     metrics["loss"] = float(loss.detach())
     metrics["grad_norm"] = float(grad_norm)
     return metrics
+
+
+class ReplayLearner:
+    """The update and checkpoints of agents that learn from replay against a target network
+    (DQN, R2D2, D4PG). A subclass sets ``network``, ``target_network``, ``optimizer``,
+    ``config`` (with ``max_grad_norm`` and ``target_update_every``) and ``steps``, and says how
+    its loss is computed (``loss``)."""
+
+    network: torch.nn.Module
+    target_network: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    config: Any
+    steps: int
+
+    def loss(self, batch: Unrolls) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The loss terms on ``batch`` and each item's new priority."""
+        raise NotImplementedError
+
+    def learn(self, batch: Unrolls) -> dict[str, float]:
+        """One optimizer step on replay items; sets ``batch.replay.priorities``."""
+        terms, priorities = self.loss(batch)
+        metrics = optimizer_step(self.network, self.optimizer, terms, self.config.max_grad_norm)
+        self.steps += 1
+        if self.steps % self.config.target_update_every == 0:
+            copy_parameters(self.network, self.target_network)
+        if batch.replay is not None:
+            batch.replay.priorities = priorities
+        metrics["priority"] = float(priorities.mean())
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "network": self.network.state_dict(),
+            "target_network": self.target_network.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.network.load_state_dict(state["network"])
+        self.target_network.load_state_dict(state["target_network"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])

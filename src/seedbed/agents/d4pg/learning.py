@@ -11,7 +11,6 @@ the critic's expected value. Replay, its layout and the n-step arithmetic are DQ
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import nn
@@ -19,12 +18,11 @@ from torch.nn import functional as F
 
 from seedbed.agents.base import (
     ActOutput,
+    ReplayLearner,
     State,
     StepInput,
     Unrolls,
     acting_copy,
-    copy_parameters,
-    optimizer_step,
 )
 from seedbed.agents.categorical import atoms, expected_value, n_step_distribution
 from seedbed.agents.d4pg.config import D4PGConfig
@@ -167,7 +165,7 @@ def d4pg_loss(
     return terms, priorities
 
 
-class D4PGAgent:
+class D4PGAgent(ReplayLearner):
     """Acts with the deterministic policy plus per-env noise; learns D4PG from replay."""
 
     metric_names = ("loss", "loss_critic", "loss_policy", "grad_norm", "priority")
@@ -222,31 +220,9 @@ class D4PGAgent:
             unit = (unit + noise).clamp(-1.0, 1.0)
         return ActOutput(net.to_env(unit), {}, state)
 
-    def learn(self, batch: Unrolls) -> dict[str, float]:
-        """One optimizer step of policy and critic; sets ``batch.replay.priorities``."""
-        terms, priorities = d4pg_loss(self.network, self.target_network, batch, self.config)
-        metrics = optimizer_step(self.network, self.optimizer, terms, self.config.max_grad_norm)
-        self.steps += 1
-        if self.steps % self.config.target_update_every == 0:
-            copy_parameters(self.network, self.target_network)
-        if batch.replay is not None:
-            batch.replay.priorities = priorities
-        metrics["priority"] = float(priorities.mean())
-        return metrics
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "network": self.network.state_dict(),
-            "target_network": self.target_network.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "steps": self.steps,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.network.load_state_dict(state["network"])
-        self.target_network.load_state_dict(state["target_network"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.steps = int(state["steps"])
+    def loss(self, batch: Unrolls) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Policy and critic terms (one optimizer steps both) and each item's priority."""
+        return d4pg_loss(self.network, self.target_network, batch, self.config)
 
 
 AGENT_CLASS = D4PGAgent

@@ -14,12 +14,11 @@ import torch
 
 from seedbed.agents.base import (
     ActOutput,
+    ReplayLearner,
     State,
     StepInput,
     Unrolls,
     acting_copy,
-    copy_parameters,
-    optimizer_step,
 )
 from seedbed.agents.dqn.config import DQNConfig, ReplayLayout
 from seedbed.agents.q_targets import (
@@ -108,7 +107,7 @@ def make_replay(config: Any, layout: ReplayLayout, batch: int, seed: int) -> Pri
     )
 
 
-class QAgent:
+class QAgent(ReplayLearner):
     """Acts epsilon-greedily on dueling Q-values; learns double n-step Q from replay."""
 
     metric_names = ("loss", "loss_td", "grad_norm", "priority")
@@ -167,31 +166,8 @@ class QAgent:
             action = torch.where(explore, random, action)
         return ActOutput(action, {}, state)
 
-    def learn(self, batch: Unrolls) -> dict[str, float]:
-        """One optimizer step on replay items; sets ``batch.replay.priorities``."""
-        terms, priorities = q_learning_loss(self.network, self.target_network, batch, self.config)
-        metrics = optimizer_step(self.network, self.optimizer, terms, self.config.max_grad_norm)
-        self.steps += 1
-        if self.steps % self.config.target_update_every == 0:
-            copy_parameters(self.network, self.target_network)
-        if batch.replay is not None:
-            batch.replay.priorities = priorities
-        metrics["priority"] = float(priorities.mean())
-        return metrics
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "network": self.network.state_dict(),
-            "target_network": self.target_network.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "steps": self.steps,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.network.load_state_dict(state["network"])
-        self.target_network.load_state_dict(state["target_network"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.steps = int(state["steps"])
+    def loss(self, batch: Unrolls) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        return q_learning_loss(self.network, self.target_network, batch, self.config)
 
 
 AGENT_CLASS = QAgent
