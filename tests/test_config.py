@@ -58,6 +58,7 @@ def test_saved_config_round_trips():
             {"agent": "dqn", "replay_capacity": 100, "min_replay": 100},
             "holds 98 items in whole unrolls of 14",  # unroll 16, n-step 3
         ),
+        ({"target_episodes": 0}, "--target-episodes must be between 1 and 100"),
         ({"broadcast_every": 0}, "--broadcast-every must be positive, got 0"),
         ({"actor_precision": "int8"}, "--actor-precision is for --inference local"),
         ({"inference": "local", "precision": "int8"}, "--precision is for --inference central"),

@@ -62,6 +62,11 @@ class TrainConfig:
     target_return: float | None = setting(
         475.0, "stop once the mean return of the last 100 episodes reaches this (none: never)"
     )
+    target_episodes: int = setting(
+        100,
+        "finished episodes the mean must cover before --target-return counts (1-100; tasks "
+        "with long episodes may settle for fewer, and the summary says how many)",
+    )
     seed: int = setting(0, "seed for environments, networks and sampling")
     device: Literal["cpu", "cuda"] = setting("cpu", "device for inference and learning")
     threads: int = setting(1, "torch threads in the learner process (0: torch's default)")
@@ -146,6 +151,11 @@ class TrainConfig:
         if not (len(self.country) == 3 and self.country.isascii() and self.country.isalpha()):
             raise ConfigError(
                 f"--country must be a 3-letter ISO code like USA or FRA, got {self.country!r}"
+            )
+        if not 1 <= self.target_episodes <= 100:
+            raise ConfigError(
+                f"--target-episodes must be between 1 and 100 (the return window), "
+                f"got {self.target_episodes}"
             )
         if self.learner_replicas < 1:
             raise ConfigError(f"--learner-replicas must be positive, got {self.learner_replicas}")

@@ -205,9 +205,11 @@ def test_quantized_and_local_inference_report_their_broadcasts(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("agent", "budget"), [("vtrace", 1_500_000), ("dqn", 300_000)])
+@pytest.mark.parametrize(("agent", "budget"), [("vtrace", 1_500_000), ("dqn", 500_000)])
 def test_local_int8_actors_solve_cartpole_within_budget(tmp_path, no_leaks, agent, budget):
     # 256-wide layers, so that the actors really act in int8 (smaller ones stay float32).
+    # DQN's int8 actors took 44-221k frames here (seeds 0-4; seed 0 four times: 113-221k) and
+    # once more than 300k in CI: an int8 Q error of 0.05-0.2 is near CartPole's action gaps.
     settings = {
         "agent": agent,
         "run_dir": str(tmp_path / "run"),
@@ -222,6 +224,18 @@ def test_local_int8_actors_solve_cartpole_within_budget(tmp_path, no_leaks, agen
     assert summary["stop_reason"] == "target_return", summary
     assert summary["target_reached_frames"] <= budget
     assert summary["inference"]["quantization_error_max"] > 0  # the actors did act in int8
+
+
+def test_target_return_counts_only_with_enough_episodes(tmp_path, no_leaks):
+    # Every CartPole episode returns more than 0, so the target is met by the first one; the
+    # run must still wait for 40 finished episodes, and stop then rather than at its budget.
+    settings = tiny_settings(
+        tmp_path / "run", target_return=0.0, target_episodes=40, total_frames=200_000
+    )
+    summary = train(resolve([settings]))
+    assert summary["stop_reason"] == "target_return", summary
+    assert summary["episodes"] >= 40 and summary["target_episodes"] == 40
+    assert summary["target_reached_frames"] < 200_000
 
 
 def test_lstm_run_completes(tmp_path, no_leaks):

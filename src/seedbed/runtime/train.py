@@ -271,7 +271,8 @@ class TrainingRun:
         finally:
             stop.set()
             queue.close()
-            serving.join(timeout=10)
+            if serving.ident is not None:  # not started when an actor could not be launched
+                serving.join(timeout=10)
             supervisor.stop()
             self.actor_times = transport.actor_times()
             transport.close()  # remote actors' streams end here: they are told training is over
@@ -410,7 +411,8 @@ class TrainingRun:
         reached = (
             cfg.target_return is not None
             and mean_return is not None
-            and (mean_return >= cfg.target_return and self.window.count >= 1)
+            and mean_return >= cfg.target_return
+            and self.window.count >= cfg.target_episodes
         )
         if reached and self.target_reached is None:
             self.target_reached = {"frames": self.frames, "wall_s": round(wall_s, 3)}
@@ -495,6 +497,7 @@ class TrainingRun:
             # Off-policy agents: items stored, inserted and sampled (replay is not checkpointed).
             "replay": self.buffer.stats() if isinstance(self.buffer, PrioritizedReplay) else None,
             "target_return": cfg.target_return,
+            "target_episodes": cfg.target_episodes,
             "target_reached_frames": (self.target_reached or {}).get("frames"),
             "target_reached_wall_s": (self.target_reached or {}).get("wall_s"),
             "inference": {
