@@ -119,8 +119,8 @@ def local_policies(net: nn.Module, config, num_envs: int) -> tuple[dict, list[Po
 
 
 def forwards(net: nn.Module, num_envs: int, engine: str | None = None) -> Run:
-    """A run of policy forwards on one batch of E observations (no envs), under the quantized
-    ``engine`` where one is given."""
+    """A run of acting forwards (the policy only, as ``act`` runs it) on one batch of E
+    observations (no envs), under the quantized ``engine`` where one is given."""
     g = torch.Generator().manual_seed(0)
     args = (
         torch.randn(1, num_envs, 4, generator=g),
@@ -135,11 +135,11 @@ def forwards(net: nn.Module, num_envs: int, engine: str | None = None) -> Run:
             torch.backends.quantized.engine = engine
         with torch.inference_mode():
             for _ in range(10):
-                net(*args)
+                net(*args, values=False)
             calls, start = 0, time.perf_counter()
             while time.perf_counter() - start < seconds:
                 for _ in range(20):
-                    net(*args)
+                    net(*args, values=False)
                 calls += 20
         return calls, time.perf_counter() - start
 
@@ -273,24 +273,25 @@ def fp16_computes(net: nn.Module, upcast: nn.Module, args: argparse.Namespace) -
 
 
 class WeightOnlyInt8(nn.Module):
-    """``net`` (an MLP ActorCriticNet) with every Linear computed by ``_weight_int8pack_mm``:
-    int8 weights, float32 activations."""
+    """The policy of ``net`` (an MLP ActorCriticNet) with every Linear computed by
+    ``_weight_int8pack_mm``: int8 weights, float32 activations."""
 
     def __init__(self, net: nn.Module) -> None:
         super().__init__()
         self.packed = []
-        for linear in (m for m in net.modules() if isinstance(m, nn.Linear)):
+        for linear in [*net.torso.modules(), net.policy]:
+            if not isinstance(linear, nn.Linear):
+                continue
             scale = linear.weight.abs().amax(1).clamp_min(1e-8) / 127
             weight = (linear.weight / scale[:, None]).round().clamp(-128, 127).to(torch.int8)
             self.packed.append((weight, scale, linear.bias))
 
-    def forward(self, obs, prev_action, reward, done, state):
+    def forward(self, obs, prev_action, reward, done, state, values=False):
         x = obs.flatten(0, 1)
-        hidden = self.packed[: len(HIDDEN)]
+        *hidden, (w, s, b) = self.packed
         for weight, scale, bias in hidden:
             x = torch.relu(torch._weight_int8pack_mm(x, weight, scale) + bias)
-        heads = [torch._weight_int8pack_mm(x, w, s) + b for w, s, b in self.packed[len(HIDDEN) :]]
-        return heads[0][None], heads[1][None], state
+        return (torch._weight_int8pack_mm(x, w, s) + b)[None], None, state
 
 
 SETUPS = {
