@@ -51,6 +51,7 @@ from torch import nn
 from torch.ao.quantization import float16_dynamic_qconfig, quantize_dynamic
 
 from seedbed.agents import make_agent
+from seedbed.agents.vtrace.learning import VTraceAgent
 from seedbed.config import resolve
 from seedbed.envs import EnvSpec, make_vector_env
 from seedbed.inference.local import LocalActing, LocalPolicy
@@ -60,6 +61,7 @@ from seedbed.transport.shm import PolicyBoard
 SPEC = EnvSpec("CartPole-v1", (4,), "float32", 2)
 HIDDEN = (512, 512, 512)
 GOAL = "int8 actors reach >= 2x the fp32 actor steps/s at actor batch >= 32"
+SKIP = VTraceAgent.acting_skips  # broadcasts carry the policy only, as in training
 
 
 def make_envs(vector: str, num_envs: int):
@@ -110,8 +112,8 @@ def local_policies(net: nn.Module, config, num_envs: int) -> tuple[dict, list[Po
     """An actor's ``LocalPolicy`` per precision, each reading its own board with ``net`` on it."""
     policies, boards = {}, []
     for precision in PRECISIONS:
-        board = PolicyBoard(len(encode_policy(net, "fp32", 0)) + 64)
-        board.post(encode_policy(net, precision, 1), 1)
+        board = PolicyBoard(len(encode_policy(net, "fp32", 0, SKIP)) + 64)
+        board.post(encode_policy(net, precision, 1, SKIP), 1)
         acting = LocalActing("vtrace", config, SPEC, num_envs, board.handle)
         policies[precision] = LocalPolicy(acting, 0, num_envs, seed=0)
         boards.append(board)
@@ -160,8 +162,8 @@ def broadcast_costs(net: nn.Module) -> tuple[dict, dict[str, nn.Module]]:
     """Payload bytes, encode and decode ms per precision, and the decoded actors' nets."""
     costs, nets = {}, {}
     for precision in PRECISIONS:
-        payload, encode_ms = timed(lambda p=precision: encode_policy(net, p, 1))
-        (nets[precision], _), decode_ms = timed(lambda b=payload: decode_policy(b, net))
+        payload, encode_ms = timed(lambda p=precision: encode_policy(net, p, 1, SKIP))
+        (nets[precision], _), decode_ms = timed(lambda b=payload: decode_policy(b, net, SKIP))
         costs[precision] = {"bytes": len(payload), "encode_ms": encode_ms, "decode_ms": decode_ms}
     for precision in PRECISIONS:
         costs[precision]["of_fp32"] = round(costs[precision]["bytes"] / costs["fp32"]["bytes"], 3)
@@ -235,13 +237,13 @@ def engines(net: nn.Module, args: argparse.Namespace) -> dict:
     """Int8 forward per batch under each quantized engine, 1 thread, and the weight-only
     int8 kernel's (float32 activations) for reference."""
     torch.set_num_threads(1)
-    payload = encode_policy(net, "int8", 1)
+    payload = encode_policy(net, "int8", 1, SKIP)
     default = torch.backends.quantized.engine
     policies = {}
     for engine in ("x86", "fbgemm", "onednn"):
         if engine in torch.backends.quantized.supported_engines:
             torch.backends.quantized.engine = engine  # decode packs weights for the engine
-            policies[engine] = decode_policy(payload, net)[0]
+            policies[engine] = decode_policy(payload, net, SKIP)[0]
     out: dict = {}
     for e in args.envs:
         runs = {name: forwards(policy, e, name) for name, policy in policies.items()}

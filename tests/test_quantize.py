@@ -225,3 +225,60 @@ def test_a_payload_for_another_network_is_refused(lstm):
     with pytest.raises(SeedbedError, match="for another network: array") as error:
         decode_policy(payload, other)
     assert "\n" not in str(error.value)
+
+
+def test_a_broadcast_leaves_out_what_acting_never_reads():
+    from seedbed.agents.vtrace.learning import VTraceAgent
+
+    torch.manual_seed(0)
+    net = make_actor_critic(CARTPOLE, (512, 512, 512), None, shared_torso=False)
+    skip = VTraceAgent.acting_skips
+    for precision in PRECISIONS:
+        payload = encode_policy(net, precision, 2, skip)
+        names = [entry[0] for entry in _header(payload)["arrays"]]
+        assert names and not any(n.startswith(("value_torso.", "value.")) for n in names)
+        assert len(payload) < 0.51 * len(encode_policy(net, precision, 2))  # half: no value torso
+        decoded = decode_policy(payload, net, skip)[0]
+        args = (*probe(net, cartpole_obs(64, 1)[None]), False)  # acting's call: no values
+        assert policy_error(net, decoded, args) <= (0.0 if precision == "fp32" else 0.1)
+    # Both ends must agree on what is left out.
+    with pytest.raises(SeedbedError, match="for another network") as error:
+        decode_policy(encode_policy(net, "int8", 2, skip), net)
+    assert "\n" not in str(error.value)
+
+
+def test_a_d4pg_broadcast_carries_the_policy_alone():
+    from seedbed.agents import make_agent
+    from seedbed.config import resolve
+
+    spec = EnvSpec(
+        "dmc:cartpole-balance",
+        (5,),
+        "float32",
+        0,
+        action_shape=(1,),
+        action_dtype="float32",
+        action_low=(-1.0,),
+        action_high=(1.0,),
+    )
+    config = resolve([{"env": "dmc:cartpole-balance", "agent": "d4pg"}]).agent
+    agent = make_agent("d4pg", spec, config, "cpu")
+    payload = encode_policy(agent.network, "int8", 1, agent.acting_skips)
+    policy_bytes = 4 * sum(p.numel() for p in agent.network.policy.parameters())
+    assert len(payload) < 0.5 * policy_bytes  # int8 policy weights, no critic
+    decoded = decode_policy(payload, agent.network, agent.acting_skips)[0]
+    obs = torch.randn(1, 32, 5)
+    args = (
+        obs,
+        torch.zeros(1, 32, 1),
+        torch.zeros(1, 32),
+        torch.zeros(1, 32, dtype=torch.bool),
+        (),
+    )
+    assert 0 < policy_error(agent.network, decoded, args) < 0.2  # actions in [-1, 1]
+
+
+def _header(payload: bytes) -> dict:
+    prefix = struct.Struct("<4sB3xII")  # magic, format, header bytes, CRC-32
+    size = prefix.unpack_from(payload)[2]
+    return json.loads(payload[prefix.size : prefix.size + size])

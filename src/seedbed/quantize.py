@@ -96,12 +96,15 @@ class PolicyPayloadError(SeedbedError):
     """A policy payload that is truncated, corrupted or made for another network."""
 
 
-def encode_policy(net: nn.Module, precision: Precision, version: int) -> bytes:
+def encode_policy(
+    net: nn.Module, precision: Precision, version: int, skip: tuple[str, ...] = ()
+) -> bytes:
     """``net``'s parameters at ``precision`` as a self-describing byte payload (no pickle),
-    carrying the policy ``version`` (>= 0)."""
+    carrying the policy ``version`` (>= 0). ``skip`` names submodules that acting never reads
+    (an agent's ``acting_skips``: V-trace's value torso, D4PG's critic), left out."""
     if version < 0:
         raise ValueError(f"policy version must be >= 0, got {version}")
-    arrays = _arrays(net, precision)
+    arrays = _arrays(net, precision, skip)
     header = {
         "precision": precision,
         "version": int(version),
@@ -118,11 +121,14 @@ def encode_policy(net: nn.Module, precision: Precision, version: int) -> bytes:
     return b"".join([_PREFIX.pack(_MAGIC, _FORMAT, len(body[0]), crc), *body])
 
 
-def decode_policy(payload: bytes | memoryview, template: nn.Module) -> tuple[nn.Module, int]:
-    """The CPU module an actor acts with, from a payload of a network shaped like ``template``,
-    and the policy version it carries. Raises PolicyPayloadError (one line) on a bad payload."""
-    precision, version, arrays = _unpack(memoryview(payload), template)
-    return _build(template, precision, arrays), version
+def decode_policy(
+    payload: bytes | memoryview, template: nn.Module, skip: tuple[str, ...] = ()
+) -> tuple[nn.Module, int]:
+    """The CPU module an actor acts with, from a payload of a network shaped like ``template``
+    (encoded with the same ``skip``: those submodules keep ``template``'s values), and the policy
+    version it carries. Raises PolicyPayloadError (one line) on a bad payload."""
+    precision, version, arrays = _unpack(memoryview(payload), template, skip)
+    return _build(template, precision, arrays, skip), version
 
 
 def quantize_for_inference(net: nn.Module, precision: Precision) -> nn.Module:
@@ -143,7 +149,11 @@ def policy_error(reference: nn.Module, quantized: nn.Module, probe: Any) -> floa
     return float(max(diffs, default=torch.tensor(0.0)))
 
 
-def _int8_layers(net: nn.Module) -> dict[str, tuple[str, ...]]:
+def _skipped(name: str, skip: tuple[str, ...]) -> bool:
+    return any(name == s or name.startswith(f"{s}.") for s in skip)
+
+
+def _int8_layers(net: nn.Module, skip: tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:
     """The modules int8 quantizes, by name, with the weights each quantizes: every nn.Linear
     and nn.LSTMCell (with biases) of at least ``_MIN_INT8_WEIGHTS`` weights, but the layer that
     reads an MLP torso's raw observations.
@@ -154,6 +164,8 @@ def _int8_layers(net: nn.Module) -> dict[str, tuple[str, ...]]:
     observing = {id(m.layers[0]) for m in net.modules() if isinstance(m, MLPTorso) and m.layers}
     layers = {}
     for name, module in net.named_modules():
+        if _skipped(name, skip):
+            continue
         weights = _INT8_WEIGHTS.get(type(module), ())
         size = sum(getattr(module, w).numel() for w in weights)
         biased = getattr(module, "bias", None) is not False  # int8 LSTM cells need biases
@@ -166,12 +178,16 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _forms(net: nn.Module, precision: str) -> Iterator[tuple[str, torch.Tensor, str]]:
-    """Each state entry of ``net``, its tensor, and the form it travels in: 'int8' (with
-    scales and zero points) or a dtype name."""
-    layers = _int8_layers(net) if precision == "int8" else {}
+def _forms(
+    net: nn.Module, precision: str, skip: tuple[str, ...]
+) -> Iterator[tuple[str, torch.Tensor, str]]:
+    """Each state entry of ``net`` outside ``skip``, its tensor, and the form it travels in:
+    'int8' (with scales and zero points) or a dtype name."""
+    layers = _int8_layers(net, skip) if precision == "int8" else {}
     int8 = {_join(prefix, w) for prefix, weights in layers.items() for w in weights}
     for name, tensor in net.state_dict().items():
+        if _skipped(name, skip):
+            continue
         if name in int8:
             yield name, tensor, "int8"
         elif tensor.is_floating_point():
@@ -180,10 +196,10 @@ def _forms(net: nn.Module, precision: str) -> Iterator[tuple[str, torch.Tensor, 
             yield name, tensor, str(tensor.dtype).removeprefix("torch.")
 
 
-def _layout(net: nn.Module, precision: str) -> list[list[Any]]:
+def _layout(net: nn.Module, precision: str, skip: tuple[str, ...]) -> list[list[Any]]:
     """The header's array list that a payload for ``net`` at ``precision`` must have."""
     layout = []
-    for name, tensor, form in _forms(net, precision):
+    for name, tensor, form in _forms(net, precision, skip):
         shape = list(tensor.shape)
         layout.append([name, form, shape])
         if form == "int8":
@@ -194,13 +210,13 @@ def _layout(net: nn.Module, precision: str) -> list[list[Any]]:
     return layout
 
 
-def _arrays(net: nn.Module, precision: str) -> dict[str, torch.Tensor]:
+def _arrays(net: nn.Module, precision: str, skip: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
     """``net``'s state at ``precision`` as CPU tensors, in ``_layout`` order."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     arrays = {}
     with torch.no_grad():
-        for name, tensor, form in _forms(net, precision):
+        for name, tensor, form in _forms(net, precision, skip):
             tensor = tensor.detach().cpu()
             if form == "int8":
                 q = _quantize(tensor.float())
@@ -221,7 +237,9 @@ def _quantize(weight: torch.Tensor) -> torch.Tensor:
         return torch.quantize_per_channel(weight, scale.double(), zero_point, 0, torch.qint8)
 
 
-def _build(template: nn.Module, precision: str, arrays: dict[str, torch.Tensor]) -> nn.Module:
+def _build(
+    template: nn.Module, precision: str, arrays: dict[str, torch.Tensor], skip: tuple[str, ...] = ()
+) -> nn.Module:
     """A frozen CPU copy of ``template`` holding ``arrays`` (laid out as ``_layout`` says)."""
     net = copy.deepcopy(template).cpu()
     floats = {
@@ -232,7 +250,7 @@ def _build(template: nn.Module, precision: str, arrays: dict[str, torch.Tensor])
     net.load_state_dict(floats, strict=False)  # the rest, int8 weights, go in just below
     if precision != "int8":
         return net.eval().requires_grad_(False)
-    for prefix, names in _int8_layers(net).items():
+    for prefix, names in _int8_layers(net, skip).items():
         module = net.get_submodule(prefix)
         layer = _int8_module(module, {w: _qweight(arrays, _join(prefix, w)) for w in names})
         if prefix:
@@ -271,11 +289,13 @@ def _int8_module(module: nn.Module, weights: dict[str, torch.Tensor]) -> nn.Modu
         return cell
 
 
-def _unpack(payload: memoryview, template: nn.Module) -> tuple[str, int, dict[str, torch.Tensor]]:
+def _unpack(
+    payload: memoryview, template: nn.Module, skip: tuple[str, ...]
+) -> tuple[str, int, dict[str, torch.Tensor]]:
     """Precision, version and arrays of ``payload``, every size checked before use."""
     header, data = _header(payload)
     precision, version, listed = header["precision"], header["version"], header["arrays"]
-    expected = _layout(template, precision)
+    expected = _layout(template, precision, skip)
     if listed != expected:
         raise PolicyPayloadError(
             f"policy payload is for another network: {_difference(listed, expected)}"

@@ -119,9 +119,10 @@ def _agent(hidden: str = "8", **settings):
 def test_an_actors_policy_acts_with_the_newest_broadcast(lstm, no_leaks):
     torch.manual_seed(0)
     agent, config = _agent(hidden="256,256", lstm=lstm, lstm_size=8)
-    board = PolicyBoard(len(encode_policy(agent.network, "fp32", 0)) + 64)
+    skip = agent.acting_skips  # the policy alone travels, as the learner posts it
+    board = PolicyBoard(len(encode_policy(agent.network, "fp32", 0, skip)) + 64)
     try:
-        board.post(encode_policy(agent.network, "int8", 3), 3)
+        board.post(encode_policy(agent.network, "int8", 3, skip), 3)
         acting = LocalActing("vtrace", config.agent, SPEC, 8, board.handle)
         policy = LocalPolicy(acting, first_env=4, num_envs=2, seed=1)
         obs = np.random.default_rng(0).normal(size=(2, 3)).astype(np.float32)
@@ -132,7 +133,7 @@ def test_an_actors_policy_acts_with_the_newest_broadcast(lstm, no_leaks):
             assert value.shape == (2, *fields[name][0]) and value.dtype == fields[name][1], name
         assert acted["version"].tolist() == [3, 3] and policy.version == 3
         assert set(acted["action"].tolist()) <= {0, 1}
-        board.post(encode_policy(agent.network, "fp16", 7), 7)
+        board.post(encode_policy(agent.network, "fp16", 7, skip), 7)
         policy.act(obs, np.zeros(2, np.float32), np.zeros(2, bool))
         assert policy.version == 7
         policy.close()

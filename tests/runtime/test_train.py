@@ -195,8 +195,15 @@ def test_quantized_and_local_inference_report_their_broadcasts(
         assert float(last["quantization_error"]) > 0
     if mode == "local":
         config = resolve([tiny_settings(run, hidden_sizes="256,256", **settings)])
-        net = make_agent("vtrace", make_spec("CartPole-v1"), config.agent, "cpu").network
-        fp32_bytes = 4 * sum(p.numel() for p in net.parameters())
+        agent = make_agent("vtrace", make_spec("CartPole-v1"), config.agent, "cpu")
+        # The policy alone travels: V-trace's value torso and head stay with the learner.
+        acting = [
+            p
+            for name, p in agent.network.named_parameters()
+            if not name.startswith(tuple(f"{s}." for s in agent.acting_skips))
+        ]
+        assert len(acting) < len(list(agent.network.parameters()))
+        fp32_bytes = 4 * sum(p.numel() for p in acting)
         assert int(last["broadcast_bytes"]) == inference["broadcast_bytes"]
         share = inference["broadcast_bytes"] / fp32_bytes
         assert 0.5 < share < 0.55 if precision == "fp16" else 1.0 < share < 1.05

@@ -103,6 +103,8 @@ class Agent(Protocol):
 
     network: torch.nn.Module
     metric_names: tuple[str, ...]  # the keys learn() returns: the metrics' CSV columns
+    # Submodules of ``network`` that ``act`` never reads: policy broadcasts leave them out.
+    acting_skips: tuple[str, ...]
 
     def unroll_layout(self, unroll: int) -> tuple[int, int]: ...
 

@@ -77,7 +77,9 @@ class LocalPolicy:
         while True:
             post = self._board.read(self.version)
             if post is not None:
-                self.net, self.version = decode_policy(post[0], self._template)
+                self.net, self.version = decode_policy(
+                    post[0], self._template, self.agent.acting_skips
+                )
                 return
             if self.net is not None:
                 return

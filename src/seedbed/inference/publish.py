@@ -3,8 +3,9 @@
 Central inference at full precision takes the parameters after every update (a copy in place).
 An int8 central copy, and local actors, take a broadcast every ``--broadcast-every`` updates:
 quantized once by the learner (``seedbed.quantize``), and for local actors posted as bytes to
-their ``PolicyBoard``. Each quantized broadcast's error, the largest change of the network's
-outputs on the inputs of the batch just learned from, is kept for the metrics.
+their ``PolicyBoard``, without the parts acting never reads (the agent's ``acting_skips``).
+Each quantized broadcast's error, the largest change of the acting outputs (the forward with
+``values=False``) on the inputs of the batch just learned from, is kept for the metrics.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ class PolicyPublisher:
         board: PolicyBoard | None,
         precision: str,
         every: int,
+        skip: tuple[str, ...] = (),
     ) -> None:
+        """``skip``: the agent's ``acting_skips``, left out of the bytes posted to ``board``."""
         self.network = network
+        self.skip = skip
         self.server = server
         self.board = board
         self.precision = precision  # the actors' (local) or central inference's
@@ -58,10 +62,13 @@ class PolicyPublisher:
             self.server.publish(self.network, version)
             acting = self.server.net
         else:
-            payload = encode_policy(self.network, self.precision, version)
+            payload = encode_policy(self.network, self.precision, version, self.skip)
             self.board.post(payload, version)
             self.broadcast_bytes = len(payload)
-            acting = None if self.precision == "fp32" else decode_policy(payload, self.network)[0]
+            if self.precision != "fp32":
+                acting = decode_policy(payload, self.network, self.skip)[0]
+            else:
+                acting = None
         if acting is not None and batch is not None:
             error = policy_error(self.network, acting, _probe(batch))
             self._errors.append(error)
@@ -84,8 +91,9 @@ class PolicyPublisher:
 
 
 def _probe(batch: Unrolls) -> tuple:
-    """The network's inputs for the first step of up to ``_PROBE_ENVS`` unrolls of ``batch``."""
+    """The network's acting call for the first step of up to ``_PROBE_ENVS`` unrolls of
+    ``batch``: its inputs, and ``values=False`` (no value head, which acting may not have)."""
     envs = slice(0, _PROBE_ENVS)
     steps = {k: batch.steps[k][:1, envs] for k in ("obs", "prev_action", "reward", "done")}
     state = tuple(s[envs] for s in batch.initial_state)
-    return (steps["obs"], steps["prev_action"], steps["reward"], steps["done"], state)
+    return (steps["obs"], steps["prev_action"], steps["reward"], steps["done"], state, False)

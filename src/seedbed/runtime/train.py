@@ -215,6 +215,7 @@ class TrainingRun:
             board,
             cfg.actor_precision if local else cfg.precision,
             cfg.broadcast_every,
+            self.agent.acting_skips,
         )
         self.publisher.publish(self.learner_steps, force=True)
         acting = (
@@ -293,7 +294,8 @@ class TrainingRun:
     def _policy_board(self) -> PolicyBoard:
         """Where local actors find the newest policy; fp32 is the largest payload there is (the
         slack is for its header, whose version number grows)."""
-        return PolicyBoard(len(encode_policy(self.agent.network, "fp32", 0)) + 64)
+        fp32 = encode_policy(self.agent.network, "fp32", 0, self.agent.acting_skips)
+        return PolicyBoard(len(fp32) + 64)
 
     def _gateway(self, transport: SharedMemoryServer) -> ActorGateway:
         """The listener for remote actors; they take the slots after the local actors'."""

@@ -93,10 +93,12 @@ class D4PGNetwork(nn.Module):
         reward: torch.Tensor,
         done: torch.Tensor,
         state: State,
+        values: bool = False,
     ) -> tuple[torch.Tensor, State]:
         """The policy's actions [T, B, A] in [-1, 1] for inputs [T, B, ...], with the call of
-        ``ActorCriticNet``, so that tools that call any acting network alike (the quantization
-        error of a broadcast) can call this one; the agent itself calls ``policy``."""
+        ``ActorCriticNet`` (there are no values to skip here), so that tools that call any
+        acting network alike (the quantization error of a broadcast) can call this one; the
+        agent itself calls ``policy``."""
         steps, batch = obs.shape[:2]
         unit = self.policy(obs.reshape(steps * batch, *obs.shape[2:]))
         return unit.view(steps, batch, -1), state
@@ -169,6 +171,7 @@ class D4PGAgent(ReplayLearner):
     """Acts with the deterministic policy plus per-env noise; learns D4PG from replay."""
 
     metric_names = ("loss", "loss_critic", "loss_policy", "grad_norm", "priority")
+    acting_skips = ("critic",)  # act runs the policy alone
 
     def __init__(
         self,

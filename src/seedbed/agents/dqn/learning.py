@@ -111,6 +111,7 @@ class QAgent(ReplayLearner):
     """Acts epsilon-greedily on dueling Q-values; learns double n-step Q from replay."""
 
     metric_names = ("loss", "loss_td", "grad_norm", "priority")
+    acting_skips = ()  # the dueling value joins the advantages in act's Q-values
 
     def __init__(
         self,

@@ -98,6 +98,7 @@ class VTraceAgent:
     """Acts by sampling the softmax policy; learns with V-trace-corrected actor-critic updates."""
 
     metric_names = ("loss", "loss_policy", "loss_baseline", "loss_entropy", "grad_norm")
+    acting_skips = ("value_torso", "value")  # act samples from the logits alone
 
     def __init__(
         self,
