@@ -28,6 +28,10 @@ bytes: decode upcasts to float32, because this CPU (AMD EPYC, no native fp16 ari
 3 x 512 MLP's forward 4-5x slower under float16 autocast and no faster with fbgemm's fp16-weight
 kernel (``bench/actorq.py speed --kernels`` measures the three).
 
+A payload holds the parts of the network that acting reads: ``skip`` names submodules left out
+(an agent's ``acting_skips``, e.g. V-trace's value torso), which keep the template's values on
+decode. Both ends must name the same ones; the header's array list tells them apart.
+
 Payload: ``_PREFIX`` (magic, format, header length, CRC-32 of the rest), a JSON header
 ``{"precision", "version", "arrays": [[name, dtype, shape], ...]}`` and the arrays' raw
 little-endian bytes back to back. Decoding checks everything against the template network
