@@ -168,3 +168,40 @@ def test_the_server_records_what_local_actors_acted():
     assert unrolls.steps["logits"].tolist() == [w["logits"].tolist() for w in want]
     assert unrolls.steps["prev_action"][1:].tolist() == unrolls.steps["action"][:-1].tolist()
     assert unrolls.policy_version.tolist() == [0, 5]
+
+
+def test_the_publisher_measures_the_first_broadcast_after_each_metrics_row(no_leaks):
+    from seedbed.agents.base import Unrolls
+    from seedbed.inference.publish import PolicyPublisher
+    from seedbed.quantize import decode_policy, policy_error
+
+    torch.manual_seed(0)
+    agent, _ = _agent(hidden="256,256")
+    net, skip = agent.network, agent.acting_skips
+    board = PolicyBoard(len(encode_policy(net, "fp32", 0, skip)) + 64)
+    steps = {
+        "obs": torch.randn(2, 8, 3),
+        "prev_action": torch.zeros(2, 8, dtype=torch.int64),
+        "reward": torch.zeros(2, 8),
+        "done": torch.ones(2, 8, dtype=torch.bool),
+    }
+    batch = Unrolls(steps, (), torch.zeros(8, dtype=torch.int64))
+    probe = (*(steps[k][:1] for k in ("obs", "prev_action", "reward", "done")), (), False)
+    try:
+        publisher = PolicyPublisher(net, None, board, "int8", every=1, skip=skip)
+        for row in range(2):
+            expected = None
+            for version in range(3 * row + 1, 3 * row + 4):  # 3 broadcasts per row
+                with torch.no_grad():
+                    for p in net.parameters():
+                        p.mul_(1.5)  # each broadcast quantizes a different policy
+                publisher.publish(version, batch)
+                payload, posted = board.read(version - 1)
+                assert posted == version  # every due broadcast is posted
+                if expected is None:
+                    expected = policy_error(net, decode_policy(payload, net, skip)[0], probe)
+            metrics = publisher.take()
+            assert metrics["quantization_error"] == pytest.approx(expected, rel=1e-6)
+            assert metrics["broadcast_bytes"] == len(payload)
+    finally:
+        board.close()
