@@ -282,3 +282,25 @@ def _header(payload: bytes) -> dict:
     prefix = struct.Struct("<4sB3xII")  # magic, format, header bytes, CRC-32
     size = prefix.unpack_from(payload)[2]
     return json.loads(payload[prefix.size : prefix.size + size])
+
+
+@pytest.mark.parametrize("lstm", [None, 256])
+def test_decoding_into_the_last_policy_updates_it_in_place(lstm):
+    torch.manual_seed(0)
+    net = make_actor_critic(CARTPOLE, (256, 256), lstm, shared_torso=False)
+    skip = ("value_torso", "value")
+    args = (*probe(net, cartpole_obs(32, 2)[None]), False)
+    acting = None
+    for version, precision in enumerate(["int8", "int8", "fp16", "fp32", "int8"]):
+        with torch.no_grad():
+            for p in net.parameters():
+                p.mul_(0.9)  # a new policy each time
+        payload = encode_policy(net, precision, version, skip)
+        fresh = decode_policy(payload, net, skip)[0]
+        previous = acting
+        acting, decoded_version = decode_policy(payload, net, skip, into=acting)
+        assert decoded_version == version
+        assert policy_error(fresh, acting, args) == 0.0  # the same module as a fresh decode
+        # In place while the form (int8 or float) stays; a new module when it changes.
+        same_form = version in (1, 3)
+        assert (acting is previous) == same_form, (version, precision)

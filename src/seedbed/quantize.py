@@ -126,12 +126,31 @@ def encode_policy(
 
 
 def decode_policy(
-    payload: bytes | memoryview, template: nn.Module, skip: tuple[str, ...] = ()
+    payload: bytes | memoryview,
+    template: nn.Module,
+    skip: tuple[str, ...] = (),
+    into: nn.Module | None = None,
 ) -> tuple[nn.Module, int]:
     """The CPU module an actor acts with, from a payload of a network shaped like ``template``
     (encoded with the same ``skip``: those submodules keep ``template``'s values), and the policy
-    version it carries. Raises PolicyPayloadError (one line) on a bad payload."""
+    version it carries. Raises PolicyPayloadError (one line) on a bad payload.
+
+    ``into``, a module an earlier call returned for ``template``, is updated in place and
+    returned when it has the payload's form (int8 or float): an actor that decodes every
+    broadcast then skips copying the template and packs each int8 weight once, not three times
+    (a 3 x 512 MLP: 2 ms instead of 6)."""
     precision, version, arrays = _unpack(memoryview(payload), template, skip)
+    layers = _int8_layers(template, skip) if precision == "int8" else {}
+    if into is not None and _int8_prefixes(into) == set(layers):
+        # Copied tensor by tensor: quantized modules' load_state_dict wants their packed form.
+        tensors = {**dict(into.named_parameters()), **dict(into.named_buffers())}
+        with torch.no_grad():
+            for name, value in _floats(arrays).items():
+                if name in tensors:  # the others are the int8 layers' biases, packed below
+                    tensors[name].copy_(value)
+        for prefix, names in layers.items():
+            _load_int8(into.get_submodule(prefix), prefix, names, arrays)
+        return into, version
     return _build(template, precision, arrays, skip), version
 
 
@@ -246,12 +265,7 @@ def _build(
 ) -> nn.Module:
     """A frozen CPU copy of ``template`` holding ``arrays`` (laid out as ``_layout`` says)."""
     net = copy.deepcopy(template).cpu()
-    floats = {
-        name: a.float() if a.is_floating_point() else a
-        for name, a in arrays.items()
-        if "#" not in name and f"{name}#scale" not in arrays
-    }
-    net.load_state_dict(floats, strict=False)  # the rest, int8 weights, go in just below
+    net.load_state_dict(_floats(arrays), strict=False)  # the rest, int8 weights, go in just below
     if precision != "int8":
         return net.eval().requires_grad_(False)
     for prefix, names in _int8_layers(net, skip).items():
@@ -264,6 +278,35 @@ def _build(
     if getattr(net, "torso_dtype", torch.float32) != torch.float32:
         net.torso_dtype = torch.float32  # int8 kernels take float32 inputs, not autocast's bf16
     return net.eval().requires_grad_(False)
+
+
+def _floats(arrays: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state entries of ``arrays`` that are not int8 weights, floats as float32."""
+    return {
+        name: a.float() if a.is_floating_point() else a
+        for name, a in arrays.items()
+        if "#" not in name and f"{name}#scale" not in arrays
+    }
+
+
+def _int8_prefixes(net: nn.Module) -> set[str]:
+    return {name for name, m in net.named_modules() if isinstance(m, nnqd.Linear | nnqd.LSTMCell)}
+
+
+def _load_int8(layer: nn.Module, prefix: str, names: tuple[str, ...], arrays: dict) -> None:
+    """Packs ``prefix``'s int8 weights and float biases from ``arrays`` into ``layer``, a
+    dynamically quantized Linear or LSTMCell that ``_int8_module`` made."""
+    weights = {w: _qweight(arrays, _join(prefix, w)) for w in names}
+    with _quiet():
+        if isinstance(layer, nnqd.Linear):
+            bias = arrays.get(_join(prefix, "bias"))
+            layer._packed_params.set_weight_bias(weights["weight"], bias)
+            return
+        layer.bias_ih = arrays[_join(prefix, "bias_ih")].float()
+        layer.bias_hh = arrays[_join(prefix, "bias_hh")].float()
+        pack = torch.ops.quantized.linear_prepack
+        layer._packed_weight_ih = pack(weights["weight_ih"], layer.bias_ih)
+        layer._packed_weight_hh = pack(weights["weight_hh"], layer.bias_hh)
 
 
 def _qweight(arrays: dict[str, torch.Tensor], name: str) -> torch.Tensor:

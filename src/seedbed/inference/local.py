@@ -78,7 +78,7 @@ class LocalPolicy:
             post = self._board.read(self.version)
             if post is not None:
                 self.net, self.version = decode_policy(
-                    post[0], self._template, self.agent.acting_skips
+                    post[0], self._template, self.agent.acting_skips, into=self.net
                 )
                 return
             if self.net is not None:
