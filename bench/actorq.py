@@ -159,12 +159,19 @@ def timed(fn: Callable[[], object], repeat: int = 5) -> tuple[object, float]:
 
 
 def broadcast_costs(net: nn.Module) -> tuple[dict, dict[str, nn.Module]]:
-    """Payload bytes, encode and decode ms per precision, and the decoded actors' nets."""
+    """Payload bytes, encode and decode ms per precision (decoding afresh, and into the policy
+    an actor already holds, as it does from its second broadcast on), and the decoded nets."""
     costs, nets = {}, {}
     for precision in PRECISIONS:
         payload, encode_ms = timed(lambda p=precision: encode_policy(net, p, 1, SKIP))
         (nets[precision], _), decode_ms = timed(lambda b=payload: decode_policy(b, net, SKIP))
-        costs[precision] = {"bytes": len(payload), "encode_ms": encode_ms, "decode_ms": decode_ms}
+        _, into_ms = timed(lambda b=payload, n=nets[precision]: decode_policy(b, net, SKIP, n))
+        costs[precision] = {
+            "bytes": len(payload),
+            "encode_ms": encode_ms,
+            "decode_ms": decode_ms,
+            "decode_into_held_ms": into_ms,
+        }
     for precision in PRECISIONS:
         costs[precision]["of_fp32"] = round(costs[precision]["bytes"] / costs["fp32"]["bytes"], 3)
     return costs, nets
