@@ -250,17 +250,9 @@ def test_a_broadcast_leaves_out_what_acting_never_reads():
 def test_a_d4pg_broadcast_carries_the_policy_alone():
     from seedbed.agents import make_agent
     from seedbed.config import resolve
+    from seedbed.envs import make_spec
 
-    spec = EnvSpec(
-        "dmc:cartpole-balance",
-        (5,),
-        "float32",
-        0,
-        action_shape=(1,),
-        action_dtype="float32",
-        action_low=(-1.0,),
-        action_high=(1.0,),
-    )
+    spec = make_spec("dmc:cartpole-balance")  # 5 observations, 1 action in [-1, 1]
     config = resolve([{"env": "dmc:cartpole-balance", "agent": "d4pg"}]).agent
     agent = make_agent("d4pg", spec, config, "cpu")
     payload = encode_policy(agent.network, "int8", 1, agent.acting_skips)

@@ -269,8 +269,8 @@ def _build(
     if precision != "int8":
         return net.eval().requires_grad_(False)
     for prefix, names in _int8_layers(net, skip).items():
-        module = net.get_submodule(prefix)
-        layer = _int8_module(module, {w: _qweight(arrays, _join(prefix, w)) for w in names})
+        layer = _int8_module(net.get_submodule(prefix))
+        _load_int8(layer, prefix, names, arrays)
         if prefix:
             net.set_submodule(prefix, layer)
         else:
@@ -317,23 +317,13 @@ def _qweight(arrays: dict[str, torch.Tensor], name: str) -> torch.Tensor:
         )
 
 
-def _int8_module(module: nn.Module, weights: dict[str, torch.Tensor]) -> nn.Module:
-    """The dynamically quantized counterpart of ``module`` with the given int8 weights and
-    ``module``'s float biases."""
+def _int8_module(module: nn.Module) -> nn.Module:
+    """The dynamically quantized counterpart of ``module``, shaped alike, for ``_load_int8``
+    to fill."""
     with _quiet():
         if isinstance(module, nn.Linear):
-            linear = nnqd.Linear(module.in_features, module.out_features, module.bias is not None)
-            linear.set_weight_bias(weights["weight"], module.bias)
-            return linear
-        cell = nnqd.LSTMCell(module.input_size, module.hidden_size)
-        cell.bias_ih, cell.bias_hh = module.bias_ih.detach(), module.bias_hh.detach()
-        cell._packed_weight_ih = torch.ops.quantized.linear_prepack(
-            weights["weight_ih"], cell.bias_ih
-        )
-        cell._packed_weight_hh = torch.ops.quantized.linear_prepack(
-            weights["weight_hh"], cell.bias_hh
-        )
-        return cell
+            return nnqd.Linear(module.in_features, module.out_features, module.bias is not None)
+        return nnqd.LSTMCell(module.input_size, module.hidden_size)
 
 
 def _unpack(

@@ -44,9 +44,8 @@ class PolicyPublisher:
         self.precision = precision  # the actors' (local) or central inference's
         self.every = every
         self.broadcast_bytes: int | None = None  # of the last post to local actors
-        self._errors: list[float] = []
+        self._error: float | None = None  # measured on the first broadcast after each row
         self._error_max = 0.0
-        self._measure = True  # measure the next quantized broadcast (one per metrics row)
 
     @property
     def measured(self) -> bool:
@@ -68,11 +67,9 @@ class PolicyPublisher:
             payload = encode_policy(self.network, self.precision, version, self.skip)
             self.board.post(payload, version)
             self.broadcast_bytes = len(payload)
-        if self.precision != "fp32" and batch is not None and self._measure:
-            error = policy_error(self.network, self._acting(payload), _probe(batch))
-            self._errors.append(error)
-            self._error_max = max(self._error_max, error)
-            self._measure = False
+        if self.precision != "fp32" and batch is not None and self._error is None:
+            self._error = policy_error(self.network, self._acting(payload), _probe(batch))
+            self._error_max = max(self._error_max, self._error)
 
     def _acting(self, payload: bytes | None) -> torch.nn.Module:
         """What acts at the broadcast precision: the central copy, or ``payload`` decoded as the
@@ -82,13 +79,9 @@ class PolicyPublisher:
         return decode_policy(payload, self.network, self.skip)[0]
 
     def take(self) -> dict[str, Any]:
-        """Metrics since the last call: broadcast bytes and mean quantization error."""
-        errors, self._errors = self._errors, []
-        self._measure = True
-        return {
-            "broadcast_bytes": self.broadcast_bytes,
-            "quantization_error": sum(errors) / len(errors) if errors else None,
-        }
+        """Metrics since the last call: broadcast bytes and the quantization error measured."""
+        error, self._error = self._error, None
+        return {"broadcast_bytes": self.broadcast_bytes, "quantization_error": error}
 
     def summary(self) -> dict[str, Any]:
         return {
