@@ -3,15 +3,18 @@ refused with one-line errors."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import struct
+import warnings
 import zlib
 
 import pytest
 import torch
 from torch import nn
 from torch.ao.nn.quantized import dynamic as nnqd
+from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
 from seedbed.envs import EnvSpec
 from seedbed.errors import SeedbedError
@@ -117,6 +120,35 @@ def test_payloads_of_the_3x512_mlp_shrink():
     size = {precision: len(encode_policy(net, precision, 0)) for precision in PRECISIONS}
     assert size["int8"] <= 0.30 * size["fp32"]
     assert size["fp16"] <= 0.55 * size["fp32"]
+
+
+def test_int8_weights_are_exactly_what_quantize_dynamic_makes():
+    """Our fast quantizer against PyTorch's own (observer, quantized tensor), byte for byte: rows
+    of very different scales, an all-zero row, and values exactly half-way between two steps
+    (which round to even)."""
+    torch.manual_seed(0)
+    net = make_actor_critic(CARTPOLE, (256, 256, 256), None).requires_grad_(False)
+    weight = net.torso.layers[2].weight
+    weight.mul_(torch.logspace(-3, 2, len(weight))[:, None])
+    weight[7] = 0.0
+    halves = torch.arange(weight.shape[1]) % 7 - 3.5  # k + 0.5 steps of 2^-4: exact in float32
+    halves[0] = 127.5
+    weight[9] = halves / 16
+    ours = broadcast(net, "int8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notices
+        reference = quantize_dynamic(
+            copy.deepcopy(net), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8
+        )
+    checked = 0
+    for name, module in ours.named_modules():
+        if isinstance(module, nnqd.Linear):
+            got, want = module.weight(), reference.get_submodule(name).weight()
+            assert torch.equal(got.int_repr(), want.int_repr()), name
+            assert torch.equal(got.q_per_channel_scales(), want.q_per_channel_scales()), name
+            assert not got.q_per_channel_zero_points().any()
+            checked += 1
+    assert checked == 2  # the torso's 2nd and 3rd layers (the 1st reads raw observations)
 
 
 def test_fp32_round_trip_is_exact_and_carries_the_version():

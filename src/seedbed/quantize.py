@@ -75,7 +75,6 @@ def _quiet() -> Iterator[None]:
 
 with _quiet():
     from torch.ao.nn.quantized import dynamic as nnqd
-    from torch.ao.quantization import per_channel_dynamic_qconfig
 
 Precision = Literal["fp32", "fp16", "int8"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -242,22 +241,24 @@ def _arrays(net: nn.Module, precision: str, skip: tuple[str, ...] = ()) -> dict[
         for name, tensor, form in _forms(net, precision, skip):
             tensor = tensor.detach().cpu()
             if form == "int8":
-                q = _quantize(tensor.float())
-                arrays[name] = q.int_repr()
-                arrays[f"{name}#scale"] = q.q_per_channel_scales().float()
-                arrays[f"{name}#zero_point"] = q.q_per_channel_zero_points().to(torch.int8)
+                arrays[name], arrays[f"{name}#scale"] = _quantize(tensor.float())
+                arrays[f"{name}#zero_point"] = torch.zeros(len(tensor), dtype=torch.int8)
             else:
                 arrays[name] = tensor.to(_DTYPES[form][0]).contiguous()
     return arrays
 
 
-def _quantize(weight: torch.Tensor) -> torch.Tensor:
-    """Per-output-channel int8, as ``quantize_dynamic`` with ``per_channel_dynamic_qconfig``."""
-    observer = per_channel_dynamic_qconfig.weight()
-    observer(weight)
-    scale, zero_point = observer.calculate_qparams()
-    with _quiet():
-        return torch.quantize_per_channel(weight, scale.double(), zero_point, 0, torch.qint8)
+def _quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row, and each row's float32 scale: the bytes ``quantize_dynamic``
+    with ``per_channel_dynamic_qconfig`` makes (the tests compare them), ten times faster than
+    its observer and quantized tensor (0.16 against 1.7 ms for 512 x 512), since the learner
+    quantizes at every broadcast."""
+    rows = weight.reshape(len(weight), -1)
+    # The observer's symmetric range: the largest magnitude maps to 127.5 steps, the scale at
+    # least float32's epsilon (an all-zero row), zero point 0; values round half to even.
+    scale = (rows.abs().amax(1) / 127.5).clamp_min(torch.finfo(torch.float32).eps)
+    q = torch.round(rows * (1.0 / scale)[:, None]).clamp_(-128, 127).to(torch.int8)
+    return q.reshape(weight.shape), scale
 
 
 def _build(
