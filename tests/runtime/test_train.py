@@ -215,8 +215,9 @@ def test_quantized_and_local_inference_report_their_broadcasts(
 @pytest.mark.parametrize(
     ("agent", "budget", "overrides"),
     # V-trace at its CartPole lr of 0.0014 collapsed to a return of 9 after a gradient spike in
-    # about 1 run of 6 with these 256-wide layers (before and after the int8 changes alike);
-    # at 7e-4, 6 of 6 runs got there within 72-383k frames.
+    # about 1 run of 6 with these 256-wide layers (before and after the int8 changes alike): that
+    # lr suits 64-wide layers, and Adam's steps move wider ones further (README, Agents). At
+    # 7e-4, 6 of 6 runs got there within 72-383k frames.
     [("vtrace", 1_500_000, {"lr": 7e-4}), ("dqn", 500_000, {})],
 )
 def test_local_int8_actors_solve_cartpole_within_budget(
