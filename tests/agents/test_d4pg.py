@@ -223,5 +223,5 @@ def test_d4pg_learns_dmc_cartpole_balance_within_budget(tmp_path, no_leaks):
         returns = [float(r["mean_return"]) for r in csv.DictReader(f) if r["mean_return"]]
     assert returns[0] < 450.0  # the first episodes: near random
     assert summary["stop_reason"] == "target_return", summary
-    assert summary["mean_return_100"] >= 600.0 and summary["episodes"] >= 20
+    assert summary["target_reached_mean_return"] >= 600.0 and summary["episodes"] >= 20
     assert summary["replay"]["sampled"] > 0

@@ -44,6 +44,7 @@ def test_run_directory_holds_everything(tmp_path, no_leaks):
         "mean_return_100",
         "target_reached_frames",
         "target_reached_wall_s",
+        "target_reached_mean_return",
     ):
         assert key in saved
     assert saved["target_reached_frames"] is None  # no target set
@@ -106,7 +107,7 @@ def test_vtrace_solves_cartpole_within_budget(tmp_path, no_leaks):
     }
     summary = train(resolve([settings]))
     assert summary["stop_reason"] == "target_return", summary
-    assert summary["mean_return_100"] >= 195.0
+    assert summary["target_reached_mean_return"] >= 195.0
     assert summary["target_reached_frames"] <= 1_500_000
 
 
@@ -166,7 +167,7 @@ def test_replicated_vtrace_learner_solves_cartpole(tmp_path, no_leaks):
     }
     summary = train(resolve([settings]))
     assert summary["stop_reason"] == "target_return", summary
-    assert summary["mean_return_100"] >= 195.0
+    assert summary["target_reached_mean_return"] >= 195.0
     assert summary["replicas_in_sync"] is True
 
 

@@ -417,7 +417,11 @@ class TrainingRun:
             and self.window.count >= cfg.target_episodes
         )
         if reached and self.target_reached is None:
-            self.target_reached = {"frames": self.frames, "wall_s": round(wall_s, 3)}
+            self.target_reached = {
+                "frames": self.frames,
+                "wall_s": round(wall_s, 3),
+                "mean_return": mean_return,
+            }
         if reached:
             return "target_return"
         if self.frames >= cfg.total_frames:
@@ -502,6 +506,9 @@ class TrainingRun:
             "target_episodes": cfg.target_episodes,
             "target_reached_frames": (self.target_reached or {}).get("frames"),
             "target_reached_wall_s": (self.target_reached or {}).get("wall_s"),
+            # The window at the stop decision: the final one also holds the episodes that
+            # ended while the actors were stopping, and may sit a little lower.
+            "target_reached_mean_return": (self.target_reached or {}).get("mean_return"),
             "inference": {
                 "mode": cfg.inference,
                 "precision": cfg.actor_precision if cfg.inference == "local" else cfg.precision,
