@@ -7,7 +7,7 @@ import torch
 
 from seedbed.envs import EnvSpec
 from seedbed.errors import ConfigError
-from seedbed.nets import make_actor_critic
+from seedbed.nets import _scaled, make_actor_critic
 
 ATARI = EnvSpec("atari:Pong", (4, 84, 84), "uint8", 6, frame_skip=4)
 VECTOR = EnvSpec("CartPole-v1", (4,), "float32", 2)
@@ -78,6 +78,17 @@ def test_bfloat16_torso_keeps_heads_and_gradients_float32():
     assert torch.allclose(logits, reference, atol=0.05)  # bfloat16 keeps ~3 significant digits
     logits.sum().backward()
     assert all(p.grad.dtype == torch.float32 for p in mixed.parameters() if p.grad is not None)
+
+
+def test_uint8_frames_become_the_autocast_dtype_directly():
+    """Under bfloat16 autocast frames skip float32 and reach the torso as the same bfloat16
+    values the convolution would have cast float32 frames to."""
+    frames = torch.arange(256, dtype=torch.uint8)
+    assert _scaled(frames).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        scaled = _scaled(frames)
+    assert scaled.dtype == torch.bfloat16
+    assert torch.equal(scaled, (frames.float() / 255).to(torch.bfloat16))
 
 
 def test_image_networks_start_near_uniform_with_features_that_see_the_input():
