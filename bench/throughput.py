@@ -141,7 +141,10 @@ def main() -> None:
         "raw_env_frames_per_s": round(own),
         "ratio": round(train_fps / own, 3),
         "frames_counted_as": summary["frames_counted_as"],
-        "run": {k: summary[k] for k in ("frames", "wall_s", "mean_fps", "learner_steps")},
+        "run": {
+            k: summary[k]
+            for k in ("frames", "wall_s", "mean_fps", "learner_steps", "torch_threads")
+        },
     }
     if atari:
         fastest = max(raw, key=raw.get)

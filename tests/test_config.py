@@ -65,6 +65,7 @@ def test_saved_config_round_trips():
         ({"precision": "int8", "device": "cuda"}, "--precision int8 uses PyTorch's int8 CPU"),
         ({"precision": "int4"}, "--precision"),
         ({"learner_replicas": 0}, "--learner-replicas must be positive, got 0"),
+        ({"learner_threads": -1}, "--learner-threads must be >= 0, got -1"),
         (
             {"learner_replicas": 2, "actors": 3},
             "--actors 3 does not split evenly over --learner-replicas 2",

@@ -70,6 +70,11 @@ class TrainConfig:
     seed: int = setting(0, "seed for environments, networks and sampling")
     device: Literal["cpu", "cuda"] = setting("cpu", "device for inference and learning")
     threads: int = setting(1, "torch threads in the learner process (0: torch's default)")
+    learner_threads: int = setting(
+        0,
+        "torch threads for the learner's updates; inference uses --threads (0: one fewer than "
+        "the process has, at least 1, leaving a core to inference and the actors)",
+    )
     learner_replicas: int = setting(
         1,
         "learner processes; each serves its share of the actors and batch, and gradients are "
@@ -146,8 +151,9 @@ class TrainConfig:
                 raise ConfigError(f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.sticky_actions <= 1.0:
             raise ConfigError(f"--sticky-actions must lie in [0, 1], got {self.sticky_actions}")
-        if self.threads < 0 or self.max_actor_restarts < 0 or self.noop_max < 0:
-            raise ConfigError("--threads, --max-actor-restarts and --noop-max must be >= 0")
+        for name in ("threads", "learner_threads", "max_actor_restarts", "noop_max"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
         if not (len(self.country) == 3 and self.country.isascii() and self.country.isalpha()):
             raise ConfigError(
                 f"--country must be a 3-letter ISO code like USA or FRA, got {self.country!r}"

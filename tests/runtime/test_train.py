@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from seedbed.agents import make_agent
 from seedbed.config import resolve
@@ -255,6 +256,29 @@ def test_target_return_counts_only_with_enough_episodes(tmp_path, no_leaks):
     assert summary["stop_reason"] == "target_return", summary
     assert summary["episodes"] >= 40 and summary["target_episodes"] == 40
     assert summary["target_reached_frames"] < 200_000
+
+
+@pytest.mark.parametrize(
+    ("threads", "learner_threads", "expected"),
+    [
+        (2, 0, {"inference": 2, "learner": 1}),
+        (2, 2, {"inference": 2, "learner": 2}),
+        (1, 0, {"inference": 1, "learner": 1}),
+    ],
+)
+def test_learner_and_inference_threads_keep_their_own_torch_threads(
+    tmp_path, no_leaks, threads, learner_threads, expected
+):
+    # Read in each thread as the run ended: had torch's count become process-wide, inference
+    # would end with the learner's.
+    before = torch.get_num_threads()
+    settings = tiny_settings(tmp_path / "run", threads=threads, learner_threads=learner_threads)
+    try:
+        summary = train(resolve([settings]))
+        assert summary["torch_threads"] == expected
+        assert torch.get_num_threads() == threads  # the caller's thread has the process's count
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_lstm_run_completes(tmp_path, no_leaks):

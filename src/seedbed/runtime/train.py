@@ -87,6 +87,11 @@ class TrainingRun:
         self.device = self.replica.device
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        # torch's thread count is per thread. Inference keeps the process's; the learner's
+        # updates leave a core to inference and the actors: on 2 cores, two learner threads
+        # shared with them lose a quarter of their time waiting on each other (benchmarks.md).
+        process = torch.get_num_threads()
+        self.threads = {"inference": process, "learner": cfg.learner_threads or max(1, process - 1)}
         self.spec = make_spec(cfg.env, cfg.atari_settings())
         self.secrets = self._read_secrets()
         # Before the networks exist, and alike on every replica: the seed fixes their init too.
@@ -114,6 +119,7 @@ class TrainingRun:
         self.buffer: UnrollQueue | PrioritizedReplay | None = None
         self.gateway: ActorGateway | None = None
         self.actor_times = np.zeros((0, 2))  # per actor slot: stepping envs, waiting
+        self.threads_used: dict[str, int] = {}  # torch threads, as each thread ended the run
         self.stopwatch = Stopwatch()  # the learner thread's time
         self._stop_requested = threading.Event()
         self.started_at = time.time()
@@ -238,7 +244,9 @@ class TrainingRun:
             transport.close()
             raise
         stop = threading.Event()
-        serving = threading.Thread(target=server.serve, args=(stop,), name="inference", daemon=True)
+        serving = threading.Thread(
+            target=self._serve, args=(server, stop), name="inference", daemon=True
+        )
         self.supervisor, self.server, self.gateway = supervisor, server, gateway
         self.buffer = queue
         logger = (
@@ -264,12 +272,15 @@ class TrainingRun:
             serving.start()
             if gateway is not None:
                 gateway.start()
+            torch.set_num_threads(self.threads["learner"])  # this thread's, not inference's
             reason = self._loop(queue, server, supervisor, logger, start)
         except KeyboardInterrupt:
             reason = "interrupted"
         except SeedbedError as e:
             error = e  # still save what was learned, then report it
         finally:
+            self.threads_used["learner"] = torch.get_num_threads()
+            torch.set_num_threads(self.threads["inference"])  # the caller's thread as it was
             stop.set()
             queue.close()
             if serving.ident is not None:  # not started when an actor could not be launched
@@ -290,6 +301,17 @@ class TrainingRun:
         if error is not None:
             raise error
         return summary
+
+    def _serve(self, server: InferenceServer, stop: threading.Event) -> None:
+        """The inference thread, with its own torch thread count, not the learner's."""
+        # torch sets a thread's count up at its first use, to the count set last in any thread,
+        # and that would undo a count set before it: use it first.
+        torch.get_num_threads()
+        torch.set_num_threads(self.threads["inference"])
+        try:
+            server.serve(stop)
+        finally:
+            self.threads_used["inference"] = torch.get_num_threads()
 
     def _policy_board(self) -> PolicyBoard:
         """Where local actors find the newest policy; fp32 is the largest payload there is (the
@@ -516,6 +538,7 @@ class TrainingRun:
             },
             "device": str(self.device),
             "torso_dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+            "torch_threads": self.threads_used,  # as each thread had it when the run ended
             "time_shares": self._time_shares(),
             "energy": self.energy,  # this session's; None with --energy off
             "checkpoint": str(checkpoint),
