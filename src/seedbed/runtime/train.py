@@ -89,7 +89,8 @@ class TrainingRun:
             torch.set_num_threads(cfg.threads)
         # torch's thread count is per thread. Inference keeps the process's; the learner's
         # updates leave a core to inference and the actors: on 2 cores, two learner threads
-        # shared with them lose a quarter of their time waiting on each other (benchmarks.md).
+        # shared with them spent about a third of each step waiting on each other (a step took
+        # 465 ms of CPU in a run, 300 alone; benchmarks.md).
         process = torch.get_num_threads()
         self.threads = {"inference": process, "learner": cfg.learner_threads or max(1, process - 1)}
         self.spec = make_spec(cfg.env, cfg.atari_settings())
