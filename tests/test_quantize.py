@@ -13,6 +13,7 @@ import zlib
 import pytest
 import torch
 from torch import nn
+from torch.ao.nn.intrinsic.quantized import dynamic as nniqd
 from torch.ao.nn.quantized import dynamic as nnqd
 from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
@@ -167,7 +168,7 @@ def test_actors_hold_exactly_the_int8_weights_central_inference_uses():
     actor, central = broadcast(net, "int8"), quantize_for_inference(net, "int8")
     for name in ("torso.layers.2", "torso.layers.4"):
         a, c = actor.get_submodule(name).weight(), central.get_submodule(name).weight()
-        assert type(actor.get_submodule(name)) is nnqd.Linear
+        assert type(actor.get_submodule(name)) is nniqd.LinearReLU
         assert a.qscheme() == torch.per_channel_affine
         assert torch.equal(a.int_repr(), c.int_repr())
         assert torch.equal(a.q_per_channel_scales(), c.q_per_channel_scales())
@@ -176,6 +177,32 @@ def test_actors_hold_exactly_the_int8_weights_central_inference_uses():
         assert type(actor.get_submodule(name)) is nn.Linear
     args = probe(net, cartpole_obs(64, seed=3)[None])
     assert all(map(torch.equal, outputs(actor, args), outputs(central, args)))
+
+
+def test_int8_hidden_layers_fuse_their_relu_exactly():
+    """Each int8 layer a ReLU follows runs fbgemm's fused linear+ReLU, and its ReLU becomes an
+    Identity: the outputs are bit for bit those of the int8 linear and a separate ReLU, and a
+    layer no ReLU follows (the heads, here made int8-sized) stays unfused."""
+    net = make_actor_critic(CARTPOLE, (256, 256, 256), None)
+    net.policy = nn.Linear(256, 128)  # large enough for int8; no ReLU after it
+    int8 = broadcast(net, "int8")
+    layers = int8.torso.layers
+    assert [type(m) for m in layers] == [
+        nn.Linear,
+        nn.ReLU,
+        nniqd.LinearReLU,
+        nn.Identity,
+        nniqd.LinearReLU,
+        nn.Identity,
+    ]
+    assert type(int8.policy) is nnqd.Linear
+    x = torch.relu(layers[0](cartpole_obs(64, seed=6)))
+    for fused in (layers[2], layers[4]):
+        packed = fused._packed_params._packed_params
+        separate = torch.relu(torch.ops.quantized.linear_dynamic(x, packed, reduce_range=True))
+        y = fused(x)
+        assert torch.equal(y, separate) and (y == 0).any()
+        x = y
 
 
 def test_lstm_core_is_quantized_and_stays_close_over_an_unroll():
@@ -190,7 +217,7 @@ def test_lstm_core_is_quantized_and_stays_close_over_an_unroll():
 def test_conv_torsos_keep_float_convolutions(torso):
     net = make_actor_critic(FRAMES, (), None, torso=torso)
     int8 = broadcast(net, "int8")
-    assert type(int8.torso.fc[0]) is nnqd.Linear
+    assert type(int8.torso.fc[0]) is nniqd.LinearReLU
     convs = [name for name, m in net.named_modules() if isinstance(m, nn.Conv2d)]
     assert convs and all(
         torch.equal(net.get_submodule(n).weight, int8.get_submodule(n).weight) for n in convs
@@ -205,7 +232,7 @@ def test_int8_runs_a_bfloat16_torso_in_float32():
     net = make_actor_critic(CARTPOLE, (256, 256), None, torso_dtype=torch.bfloat16)
     int8 = broadcast(net, "int8")
     assert int8.torso_dtype == torch.float32 and net.torso_dtype == torch.bfloat16
-    assert type(int8.torso.layers[2]) is nnqd.Linear
+    assert type(int8.torso.layers[2]) is nniqd.LinearReLU
     assert policy_error(net, int8, probe(net, cartpole_obs(32, seed=5)[None])) < 0.05
 
 
