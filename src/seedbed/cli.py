@@ -116,6 +116,12 @@ def _launch_parser(subparsers: Any) -> None:
     )
     p.add_argument("--actor-cpus", type=float, default=1.0, help="CPUs Ray reserves per actor")
     p.add_argument("--learner-cpus", type=float, default=1.0, help="CPUs for the learner")
+    p.add_argument(
+        "--fit-actors",
+        action="store_true",
+        help="if the cluster has no room for every actor, start as many as fit instead of "
+        "refusing to start",
+    )
     _add_settings(p)
     p.set_defaults(command=cmd_launch)
 
@@ -123,13 +129,15 @@ def _launch_parser(subparsers: Any) -> None:
 def cmd_launch(args: argparse.Namespace) -> int:
     from seedbed.launch import Placement, launch, resolve_run_dir
 
-    layers = _settings_layers(args, skip=("ray", "actor_cpus", "learner_cpus"))
+    layers = _settings_layers(args, skip=("ray", "actor_cpus", "learner_cpus", "fit_actors"))
     train = resolve(layers).train  # here --actors counts the Ray actors
     # Every actor is remote: the learner listens (on the cluster, launch widens it with a token).
     layers.append({"actors": 0, "remote_actors": train.actors, "listen": "127.0.0.1:0"})
     layers = resolve_run_dir(layers)  # validates all settings before Ray starts
     gpus = float(train.device == "cuda")
-    placement = Placement(train.actors, args.actor_cpus, args.learner_cpus, gpus)
+    placement = Placement(
+        train.actors, args.actor_cpus, args.learner_cpus, gpus, fit_actors=args.fit_actors
+    )
     signal.signal(signal.SIGTERM, _interrupt)
     address = None if args.ray == "local" else args.ray
     return _report(launch(layers, address, placement))

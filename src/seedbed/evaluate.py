@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +47,17 @@ def evaluate(
     spec = make_spec(config.train.env, settings)
     agent = make_agent(config.train.agent, spec, config.agent, torch.device(device))
     agent.load_state_dict(state["agent"])
-    env = make_env(config.train.env, settings, render_mode="rgb_array" if video else None)
-    writer = _video_writer(video, env) if video else None
     returns = []
-    try:
-        for episode in range(episodes):
-            returns.append(_episode(agent, spec, env, seed + episode, device, writer))
-    finally:
-        env.close()
-        if writer is not None:
-            writer.close()
+    with _offscreen_rendering() if video else contextlib.nullcontext():
+        env = make_env(config.train.env, settings, render_mode="rgb_array" if video else None)
+        writer = _video_writer(video, env) if video else None
+        try:
+            for episode in range(episodes):
+                returns.append(_episode(agent, spec, env, seed + episode, device, writer))
+        finally:
+            env.close()
+            if writer is not None:
+                writer.close()
     r = np.asarray(returns)
     return {
         "env": config.train.env,
@@ -64,6 +68,25 @@ def evaluate(
         "min_return": float(r.min()),
         "max_return": float(r.max()),
     }
+
+
+@contextlib.contextmanager
+def _offscreen_rendering() -> Iterator[None]:
+    """Let pygame-drawn envs (gymnasium's classic control) render with no display at all.
+
+    Their rgb_array mode draws on an offscreen surface but still calls ``pygame.display.init()``,
+    where SDL probes for a desktop (Wayland, X11) and, with XDG_RUNTIME_DIR unset, prints
+    "error: XDG_RUNTIME_DIR is invalid or not set" from a run that works. SDL's dummy video driver
+    needs nothing. A driver the user chose is kept, and the variable is restored afterwards, so
+    that a window this process opens later still finds the desktop.
+    """
+    before = os.environ.get("SDL_VIDEODRIVER")
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SDL_VIDEODRIVER", None)
 
 
 def _video_writer(video: str, env: gym.Env) -> Any:

@@ -6,6 +6,12 @@ Ray restarts an actor whose process dies, and the new one rejoins under a new ru
 or on Ctrl-C, the learner saves its last checkpoint and summary, the actors are stopped and, when
 this command started Ray itself, Ray is shut down: nothing is left running.
 
+Before any Ray actor starts, the launcher checks that the cluster has the CPUs and GPUs for the
+learner and every actor, and refuses if not (Ray would otherwise leave the extra actors waiting
+for room, and the run would quietly train with fewer); ``Placement.fit_actors`` starts as many as
+fit instead. The summary's ``launch`` entry says how many actors were asked for and how many Ray
+placed.
+
 Without ADDRESS a local Ray is started and the learner listens on 127.0.0.1. With ADDRESS the
 learner listens on all interfaces of its node with a fresh random token, which Ray hands to the
 actors (Ray's own channel between nodes is trusted, as Ray requires).
@@ -14,6 +20,7 @@ actors (Ray's own channel between nodes is trusted, as Ray requires).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import secrets
@@ -26,18 +33,72 @@ from typing import Any
 from rich.console import Console
 
 from seedbed.errors import SeedbedError
+from seedbed.telemetry import write_json_atomic
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """How many of the cluster's resources each part asks Ray for."""
+    """How many of the cluster's resources each part asks Ray for, and what if they do not fit."""
 
     actors: int = 2
     actor_cpus: float = 1.0
     learner_cpus: float = 1.0
     learner_gpus: float = 0.0
+    fit_actors: bool = False  # start as many actors as fit, rather than refuse to start
+
+
+def actors_to_start(placement: Placement, resources: dict[str, float]) -> int:
+    """How many actors to start on a cluster with these total resources.
+
+    Args:
+        placement: What the learner and each actor ask for.
+        resources: The cluster's totals, as ``ray.cluster_resources()`` gives them.
+
+    Returns:
+        ``placement.actors`` when the learner and all actors fit; with ``fit_actors``, the
+        number that fit when that is fewer (at least one).
+
+    Raises:
+        SeedbedError: When the learner does not fit, no actor does, or not all actors do and
+            ``fit_actors`` is off. The message says what is there, what was asked and what to do.
+    """
+    cpus, gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
+    asked, each = placement.actors, placement.actor_cpus
+    if placement.learner_gpus > gpus:
+        raise SeedbedError(
+            f"the Ray cluster has {_many(gpus, 'GPU')} and the learner asks for "
+            f"{placement.learner_gpus:g} (--device cuda); use --device cpu or a cluster with a GPU"
+        )
+    free = cpus - placement.learner_cpus
+    if free < 0:
+        raise SeedbedError(
+            f"the Ray cluster has {_many(cpus, 'CPU')} and the learner asks for "
+            f"{_many(placement.learner_cpus, 'CPU')}; lower --learner-cpus"
+        )
+    # Ray counts resources in steps of 1e-4, so a hair of float error must not cost an actor.
+    fit = asked if each <= 0 else min(asked, int(free / each + 1e-6))
+    if fit == asked:
+        return asked
+    total = placement.learner_cpus + asked * each
+    there = (
+        f"the Ray cluster has {_many(cpus, 'CPU')}; the learner "
+        f"({_many(placement.learner_cpus, 'CPU')}) and {_many(asked, 'actor')} "
+        f"({_many(each, 'CPU')} each) ask for {_many(total, 'CPU')}"
+    )
+    if fit == 0:
+        raise SeedbedError(f"{there}, and not one actor fits; lower --actor-cpus or --learner-cpus")
+    if not placement.fit_actors:
+        raise SeedbedError(
+            f"{there}; lower --actors or --actor-cpus, or pass --fit-actors to start {fit} of them"
+        )
+    return fit
+
+
+def _many(n: float, unit: str) -> str:
+    """E.g. ``1 CPU``, ``0.5 CPUs``, ``2 actors``."""
+    return f"{n:g} {unit}" if n == 1 else f"{n:g} {unit}s"
 
 
 class LearnerHost:
@@ -91,6 +152,12 @@ class LearnerHost:
     def stop(self) -> None:
         self.run.request_stop()
 
+    def add_to_summary(self, extra: dict[str, Any]) -> None:
+        """Add entries to the summary.json the learner wrote, here on the learner's own node."""
+        path = self.run.run_dir / "summary.json"
+        if path.is_file():  # a learner that failed before its summary has none to add to
+            write_json_atomic(path, {**json.loads(path.read_text()), **extra})
+
 
 class ActorHost:
     """A Ray actor that runs one remote actor (``seedbed actor``) until training is over."""
@@ -111,7 +178,12 @@ def launch(
     placement: Placement,
     console: Console | None = None,
 ) -> dict[str, Any]:
-    """Train on Ray as ``layers`` (settings, as for ``resolve``) say; return the summary."""
+    """Train on Ray as ``layers`` (settings, as for ``resolve``) say; return the summary.
+
+    Raises:
+        SeedbedError: If Ray is missing, the cluster has no room for the learner and the actors
+            (see ``actors_to_start``), or the learner fails with a seedbed error.
+    """
     try:
         import ray
     except ImportError:
@@ -122,6 +194,13 @@ def launch(
     token = secrets.token_hex(32) if ray_address else None  # other machines may connect
     learner, actors = None, []
     try:
+        resources = ray.cluster_resources()
+        n = actors_to_start(placement, resources)  # before any Ray actor: a refusal leaves none
+        if n < placement.actors:
+            console.print(
+                f"the cluster has room for {n} of {placement.actors} actors; starting {n}"
+            )
+            layers = [*layers, {"remote_actors": n}]  # the learner's slots: one per actor
         learner = (
             ray.remote(LearnerHost)
             .options(
@@ -135,32 +214,24 @@ def launch(
         address = ray.get(learner.address.remote())
         if address is None:
             return _get(result)  # the learner failed to start: raise its error
-        console.print(f"learner listening on {address}; starting {placement.actors} actors")
-        actors = [
-            ray.remote(ActorHost)
-            .options(
-                num_cpus=placement.actor_cpus,
-                max_restarts=-1,  # a dead actor process is started again...
-                max_task_retries=-1,  # ...and resumes acting
-                max_concurrency=2,
-            )
-            .remote()
-            for _ in range(placement.actors)
-        ]
+        console.print(f"learner listening on {address}; starting {_many(n, 'actor')}")
+        actors = [_start_actor(placement.actor_cpus) for _ in range(n)]
+        started = [actor.pid.remote() for actor in actors]  # each answers once Ray placed it
         acting = [actor.act.remote(address, token) for actor in actors]
-        try:
-            while not ray.wait([result], timeout=10.0)[0]:
-                s = ray.get(learner.status.remote())
-                ret = "n/a" if s["mean_return"] is None else f"{s['mean_return']:.1f}"
-                console.print(
-                    f"{s['frames']:,} frames, mean return {ret}, "
-                    f"{s['connections']} actor connections so far"
-                )
-        except KeyboardInterrupt:
-            console.print("stopping: the learner saves its checkpoint and summary")
-            learner.stop.remote()
+        _follow(learner, result, started, placement.actors, console)
         summary = _get(result)
         ray.wait(acting, num_returns=len(acting), timeout=30.0)  # actors hear training is over
+        summary["launch"] = {
+            "actors_asked": placement.actors,
+            "actors_started": n,
+            "actors_placed": _placed(started),
+            "actor_cpus": placement.actor_cpus,
+            "learner_cpus": placement.learner_cpus,
+            "learner_gpus": placement.learner_gpus,
+            "cluster_cpus": resources.get("CPU", 0.0),
+            "cluster_gpus": resources.get("GPU", 0.0),
+        }
+        ray.get(learner.add_to_summary.remote({"launch": summary["launch"]}))
         return summary
     finally:
         for actor in actors:
@@ -169,6 +240,47 @@ def launch(
             ray.kill(learner)
         if started_here:
             ray.shutdown()
+
+
+def _start_actor(cpus: float) -> Any:
+    import ray
+
+    return (
+        ray.remote(ActorHost)
+        .options(
+            num_cpus=cpus,
+            max_restarts=-1,  # a dead actor process is started again...
+            max_task_retries=-1,  # ...and resumes acting
+            max_concurrency=2,  # pid() answers while act() runs
+        )
+        .remote()
+    )
+
+
+def _follow(learner: Any, result: Any, started: list[Any], asked: int, console: Console) -> None:
+    """Print progress every 10 s until the learner returns; on Ctrl-C, ask it to stop."""
+    import ray
+
+    try:
+        while not ray.wait([result], timeout=10.0)[0]:
+            s = ray.get(learner.status.remote())
+            ret = "n/a" if s["mean_return"] is None else f"{s['mean_return']:.1f}"
+            console.print(
+                f"{s['frames']:,} frames, mean return {ret}, {_placed(started)} of {asked} "
+                f"actors placed, {s['connections']} actor connections so far"
+            )
+    except KeyboardInterrupt:
+        console.print("stopping: the learner saves its checkpoint and summary")
+        learner.stop.remote()
+
+
+def _placed(started: list[Any]) -> int:
+    """How many actors Ray has placed: those whose ``pid()`` call has answered."""
+    import ray
+
+    if not started:
+        return 0
+    return len(ray.wait(started, num_returns=len(started), timeout=0)[0])
 
 
 def _get(ref: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import time
 import psutil
 import pytest
 
+from seedbed.errors import SeedbedError
+from seedbed.launch import Placement, actors_to_start
 from tests.conftest import finish, interruptible, wait_for_frames
 
 pytest.importorskip("ray", reason="Ray is the 'ray' extra (in dev)")
@@ -82,3 +85,64 @@ def test_ctrl_c_stops_everything_and_keeps_the_run(tmp_path, nothing_left_behind
     assert code == 130, err[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted" and summary["frames"] >= 10_000
+
+
+@pytest.mark.parametrize(
+    ("placement", "resources", "started"),
+    [
+        (Placement(2, 1.0, 1.0), {"CPU": 3.0}, 2),
+        (Placement(2, 0.5, 1.0), {"CPU": 2.0}, 2),
+        (Placement(3, 0.1, 0.0), {"CPU": 0.3}, 3),  # 0.3 / 0.1 is 2.9999999999999996
+        (Placement(2, 1.0, 1.0, fit_actors=True), {"CPU": 2.0}, 1),
+        (Placement(8, 0.0, 1.0), {"CPU": 1.0}, 8),
+    ],
+)
+def test_actors_to_start_counts_what_fits(placement, resources, started):
+    assert actors_to_start(placement, resources) == started
+
+
+@pytest.mark.parametrize(
+    ("placement", "resources", "says"),
+    [
+        (Placement(2, 1.0, 1.0), {"CPU": 2.0}, "ask for 3 CPUs; lower --actors or --actor-cpus, "),
+        (Placement(2, 64.0, 1.0, fit_actors=True), {"CPU": 2.0}, "not one actor fits"),
+        (Placement(2, 1.0, 4.0), {"CPU": 2.0}, "the learner asks for 4 CPUs; lower --learner-cpus"),
+        (Placement(2, 1.0, 1.0, 1.0), {"CPU": 8.0}, "has 0 GPUs and the learner asks for 1"),
+    ],
+)
+def test_actors_to_start_refuses_what_cannot_run(placement, resources, says):
+    with pytest.raises(SeedbedError, match=re.escape(says)):
+        actors_to_start(placement, resources)
+
+
+def test_no_room_for_every_actor_refuses_before_starting_any(tmp_path, nothing_left_behind):
+    code, _, err = finish(launch(tmp_path / "run", "--actor-cpus", "1000"))  # the last flag wins
+    assert code == 2, err[-3000:]
+    assert err.count("seedbed: error:") == 1, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("seedbed: error: the Ray cluster has "), err[-3000:]
+    assert line.endswith(
+        "the learner (1 CPU) and 2 actors (1000 CPUs each) ask for 2001 CPUs, and not one actor "
+        "fits; lower --actor-cpus or --learner-cpus"
+    )
+    assert "learner listening" not in err and not (tmp_path / "run").exists()
+
+
+def test_fit_actors_starts_as_many_as_fit_and_says_so(tmp_path, nothing_left_behind):
+    from ray._private.utils import get_num_cpus  # how a local Ray counts this machine's CPUs
+
+    cpus = int(get_num_cpus())
+    learner = 1.0 if cpus >= 2 else cpus / 2  # Ray takes whole CPUs, or fractions below one
+    run = tmp_path / "run"
+    proc = launch(
+        run,
+        *("--learner-cpus", f"{learner:g}", "--actor-cpus", f"{cpus - learner:g}"),
+        *("--fit-actors", "--target-return", "none", "--total-frames", "20000"),
+    )
+    code, _, err = finish(proc)
+    assert code == 0, err[-3000:]
+    assert "the cluster has room for 1 of 2 actors; starting 1" in err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["launch"]["actors_asked"] == 2
+    assert summary["launch"]["actors_placed"] == 1
+    assert summary["remote_actors"]["connections"] == 1
