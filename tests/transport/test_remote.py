@@ -33,7 +33,8 @@ ENVS, OBS = 3, (4,)
 
 class Learner:
     """A gateway with two slots over a shared-memory server; actions are env_id * 10 + t, or
-    with ``action_shape`` float32 vectors of that plus 0.5, 1.0, ... (continuous actions)."""
+    with ``action_shape`` float32 vectors of that plus 0.5, 1.0, ... (continuous actions).
+    ``gateway_options`` go to the ``ActorGateway`` as they are."""
 
     def __init__(
         self,
@@ -41,6 +42,7 @@ class Learner:
         tls=None,
         address: str = "127.0.0.1:0",
         action_shape: tuple = (),
+        **gateway_options,
     ):
         dtype = "float32" if action_shape else "int64"
         self.action_shape = action_shape
@@ -56,6 +58,7 @@ class Learner:
             ),
             token=token,
             tls=tls,
+            **gateway_options,
         )
         self.run_ids: dict[int, set[int]] = {0: set(), 1: set()}
         self._stop = threading.Event()
@@ -156,7 +159,7 @@ def test_a_client_without_the_right_token_is_refused(learner, sent):
     good = GrpcActorClient(lr.gateway.address, token=b"s3cret")
     steps(good, 3)
     good.close()
-    assert len(lr.gateway.rejected) == 1
+    assert len(lr.gateway.rejected) == 1 and lr.gateway.rejected_total == 1
 
 
 def test_listening_off_loopback_needs_a_token():

@@ -10,7 +10,9 @@ same inference batches, and the inference server knows nothing of the network.
 What crosses the wire is ``proto/actor.proto``: raw array bytes with dtype and shape, checked
 against what the learner expects before they are used. Nothing is unpickled. A listener on a
 non-loopback address needs a shared token (sent as ``authorization: Bearer TOKEN`` metadata);
-TLS is optional. Message sizes are capped at what one step of the slot can hold.
+TLS is optional. Message sizes are capped at what one step of the slot can hold. A stream without
+the token is refused within a second, holding nothing an actor needs, and one that says no hello
+within ``HELLO_TIMEOUT_S`` is closed: streams that never become actors cannot lock actors out.
 
 With local inference the actor acts itself: its steps carry what it acted (as shared-memory
 actors write it into their rows), and the learner sends it each newer policy from the
@@ -29,6 +31,8 @@ import math
 import os
 import socket
 import threading
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +52,17 @@ log = logging.getLogger(__name__)
 PROTOCOL = 3
 METHOD = "/seedbed.v1.Learner/Act"
 _HEADROOM = 64 * 1024  # bytes a message may carry beyond its arrays (field tags, dtype strings)
+_READY_POLL_S = 0.02  # how often an actor looks whether its channel has connected
+_CLOSE_WAIT_S = 1.0  # how long a closing actor waits for gRPC to finish its calls
+
+# What a stream may hold before it has said hello (see ActorGateway._create).
+HELLO_TIMEOUT_S = 5.0  # a stream with no hello by then is closed; a real actor sends it at once
+MAX_PENDING_HELLOS = 64  # streams awaiting their hello at once; the next ones are refused
+_COURTESY_S = 1.0  # how long a stream without the token may wait to be refused (one at most)
+_COURTESIES = 16  # such streams waiting at once; the next ones are refused without a wait
+_REFUSING = 16  # room in gRPC's own cap for streams that are being refused right now
+_LOG_REFUSALS_EVERY_S = 10.0  # one warning per kind of refusal in this time, then a count
+_REASONS_KEPT = 100  # the newest refusal reasons kept, for tests and the run's summary
 
 
 def read_secret(path: str | None, flag: str) -> bytes | None:
@@ -177,7 +192,9 @@ class ActorGateway:
     ``connect(slot)`` returns a fresh in-process endpoint of the learner's shared-memory
     transport for ``slot`` (a new run id); ``assign(slot, connection)`` what the actor in it
     runs. Slots are handed out first come, first served; an actor arriving when all are taken is
-    refused, and a slot is free again the moment its stream ends.
+    refused, and a slot is free again the moment its stream ends. Refusals are counted
+    (``rejected_total``; the newest reasons in ``rejected``) and logged at most once per kind
+    in ``_LOG_REFUSALS_EVERY_S``, so a flood of them neither floods the log nor goes unsaid.
 
     All streams are served by gRPC's asyncio API on one event loop in its own thread, which
     waits for the shared-memory answers on their reply pipes: many actors cost no thread each
@@ -193,8 +210,10 @@ class ActorGateway:
         token: bytes | None = None,
         tls: tuple[bytes, bytes] | None = None,
         board: Any = None,
+        hello_timeout_s: float = HELLO_TIMEOUT_S,
     ) -> None:
-        """``board``: with local inference, the ``BoardHandle`` of the policy actors act with."""
+        """``board``: with local inference, the ``BoardHandle`` of the policy actors act with.
+        ``hello_timeout_s``: how long a new stream may take to say hello before it is closed."""
         check_token_needed(address, token is not None)
         self._board = board.open() if board is not None else None
         self._token = token.strip() if token else None
@@ -204,7 +223,14 @@ class ActorGateway:
         self._num_slots = len(slots)
         self.connections = 0
         self._stopping = threading.Event()
-        self.rejected: list[str] = []  # reasons, for tests and the end-of-run summary
+        self._hello_timeout_s = hello_timeout_s
+        self._pending = 0  # streams with the token awaiting their hello
+        self._courtesies = 0  # streams without it awaiting their refusal
+        # Refusals: the newest reasons and how many in all, for tests and the run's summary.
+        self.rejected: deque[str] = deque(maxlen=_REASONS_KEPT)
+        self.rejected_total = 0
+        self._last_warned: dict[grpc.StatusCode, float] = {}
+        self._unwarned: dict[grpc.StatusCode, int] = {}  # refusals since that warning
         probe = assign(slots[0], 0) if slots else None
         self._max_bytes = _HEADROOM + (self._step_bytes(probe) if probe else 0)
         self._loop = asyncio.new_event_loop()
@@ -249,9 +275,16 @@ class ActorGateway:
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
                 ("grpc.keepalive_permit_without_calls", 1),
+                # A connection that has not finished its TLS and HTTP/2 handshakes by then is
+                # dropped (gRPC's default is 120 s): slow connections cost sockets too.
+                ("grpc.server_handshake_timeout_ms", max(1, round(1000 * self._hello_timeout_s))),
             ],
-            # One stream per slot, and a few more to tell late actors that all are taken.
-            maximum_concurrent_rpcs=slots + 4,
+            # Our own limits bound what a stream can hold: a slot (at most `slots` streams),
+            # or a wait for its hello (at most MAX_PENDING_HELLOS, hello_timeout_s each), or
+            # without the token a wait to be refused (_COURTESIES, _COURTESY_S each); the rest
+            # are refused as they come. gRPC's cap, which refuses without a word in our log,
+            # is a backstop above all of these, never what turns a real actor away.
+            maximum_concurrent_rpcs=slots + MAX_PENDING_HELLOS + _COURTESIES + _REFUSING,
         )
         if tls is not None:
             credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])  # (key, cert)
@@ -275,6 +308,10 @@ class ActorGateway:
         self._stopping.set()
         self._on_loop(self._server.stop(grace_s), timeout_s=grace_s + 10.0)
         self._close_loop()
+        for code, count in self._unwarned.items():
+            log.warning(
+                "refused %d more streams with %s since the last such warning", count, code.name
+            )
         if self._board is not None:
             self._board.close()
 
@@ -289,40 +326,90 @@ class ActorGateway:
         peer = context.peer()
         slot = None
         try:
-            # Read the hello before any refusal: refusing while the actor's first message is
-            # still in flight can reach it as INTERNAL instead of the reason.
-            hello = await anext(aiter(requests), None)
-            self._check_token(context)
-            if _kind(hello) != "hello":
-                raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, "first message must be hello")
-            if hello.hello.protocol != PROTOCOL:
-                raise _Rejected(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"actor speaks protocol {hello.hello.protocol}, this learner {PROTOCOL}: "
-                    "run the same seedbed version on both",
-                )
+            # The token comes with the stream's headers: check it before reading anything, so
+            # that a stream without it holds nothing an actor with it needs.
+            if not self._authenticated(context):
+                await self._refuse_unauthenticated(requests)
+            hello = await self._read_hello(requests)
             slot, connection = self._take_slot()
             assignment = self._assign(slot, connection)
-            async for reply in self._bridge(assignment, hello.hello.actor_name or peer, requests):
+            async for reply in self._bridge(assignment, hello.actor_name or peer, requests):
                 yield reply
         except _Rejected as e:
-            reason = str(e)
-            self.rejected.append(reason)
-            log.warning("refused actor %s: %s", peer, reason)
-            await context.abort(e.code, reason)
+            self._refused(peer, e)
+            await context.abort(e.code, str(e))
         finally:
             if slot is not None:
                 self._free.append(slot)
 
-    def _check_token(self, context: grpc.aio.ServicerContext) -> None:
-        if self._token is None:
-            return
-        sent = dict(context.invocation_metadata() or ()).get("authorization", "")
-        if not hmac.compare_digest(sent.encode(), b"Bearer " + self._token):
+    async def _read_hello(self, requests: AsyncIterator[pb.ActorMessage]) -> pb.Hello:
+        """The stream's first message, if it is a hello of our protocol sent in time."""
+        if self._pending >= MAX_PENDING_HELLOS:
             raise _Rejected(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing or wrong token: give the actor --token-file with the learner's token",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{MAX_PENDING_HELLOS} other streams are waiting to say hello; try again",
             )
+        self._pending += 1
+        try:
+            first = await _first(requests, self._hello_timeout_s)
+        finally:
+            self._pending -= 1
+        if first is _TIMED_OUT:
+            raise _Rejected(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"no hello within {self._hello_timeout_s:g} s"
+            )
+        if _kind(first) != "hello":
+            raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, "first message must be hello")
+        if first.hello.protocol != PROTOCOL:
+            raise _Rejected(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"actor speaks protocol {first.hello.protocol}, this learner {PROTOCOL}: "
+                "run the same seedbed version on both",
+            )
+        return first.hello
+
+    def _refused(self, peer: str, refusal: _Rejected) -> None:
+        """Count a refusal; warn of it unless one of its kind was warned of lately.
+
+        A flood of bad streams must neither flood the log nor hide in it: the first of each
+        status code is logged, then one in every _LOG_REFUSALS_EVERY_S with how many more
+        there were meanwhile (the rest are told at ``stop``).
+        """
+        reason, code = str(refusal), refusal.code
+        self.rejected.append(reason)
+        self.rejected_total += 1
+        now = time.monotonic()
+        if now - self._last_warned.get(code, -math.inf) < _LOG_REFUSALS_EVERY_S:
+            self._unwarned[code] = self._unwarned.get(code, 0) + 1
+            return
+        self._last_warned[code] = now
+        more = self._unwarned.pop(code, 0)
+        also = f" (and {more} more with {code.name} since the last such warning)" if more else ""
+        log.warning("refused actor %s: %s%s", peer, reason, also)
+
+    def _authenticated(self, context: grpc.aio.ServicerContext) -> bool:
+        if self._token is None:
+            return True
+        sent = dict(context.invocation_metadata() or ()).get("authorization", "")
+        return hmac.compare_digest(sent.encode(), b"Bearer " + self._token)
+
+    async def _refuse_unauthenticated(self, requests: AsyncIterator[pb.ActorMessage]) -> None:
+        """Refuse a stream without the token, after a moment's wait for its first message.
+
+        Refused while its hello is still in flight, a real actor with a wrong token would read
+        INTERNAL (its write fails first) instead of the reason. A few such streams at a time may
+        wait up to _COURTESY_S; a flood of them finds no room and is refused at once.
+        """
+        if self._courtesies < _COURTESIES:
+            self._courtesies += 1
+            try:
+                await _first(requests, min(_COURTESY_S, self._hello_timeout_s))
+            finally:
+                self._courtesies -= 1
+        raise _Rejected(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "missing or wrong token: give the actor --token-file with the learner's token",
+        )
 
     def _take_slot(self) -> tuple[int, int]:
         """A free slot and this connection's number, or a refusal (on the loop: no lock)."""
@@ -407,6 +494,17 @@ class ActorGateway:
         return client.collect()
 
 
+_TIMED_OUT = object()
+
+
+async def _first(requests: AsyncIterator[pb.ActorMessage], timeout_s: float) -> Any:
+    """A stream's first message: None if it ended first, _TIMED_OUT if none came in time."""
+    try:
+        return await asyncio.wait_for(anext(aiter(requests), None), timeout_s)
+    except asyncio.TimeoutError:
+        return _TIMED_OUT
+
+
 def _with_port(address: str, port: int) -> str:
     return f"{address.rsplit(':', 1)[0]}:{port}"
 
@@ -441,6 +539,7 @@ class GrpcActorClient:
         name: str | None = None,
         timeout_s: float = 10.0,
     ) -> None:
+        """``timeout_s``: how long to wait for the connection (a refused one fails at once)."""
         self._loop = asyncio.new_event_loop()
         self._channel: Any = None
         try:
@@ -487,10 +586,7 @@ class GrpcActorClient:
             self._channel = grpc.aio.secure_channel(address, credentials, options=options)
         else:
             self._channel = grpc.aio.insecure_channel(address, options=options)
-        try:
-            await asyncio.wait_for(self._channel.channel_ready(), timeout_s)
-        except asyncio.TimeoutError:
-            raise ConnectionError(f"cannot reach a learner at {address}") from None
+        await _until_ready(self._channel, address, timeout_s)
         act = self._channel.stream_stream(
             METHOD,
             request_serializer=pb.ActorMessage.SerializeToString,
@@ -594,13 +690,34 @@ class GrpcActorClient:
             return
         if self._channel is not None:
             self._loop.run_until_complete(self._channel.close())
-        # gRPC leaves a task per call that finishes only as the loop runs on; let it end.
+        # gRPC leaves a task per call that ends when the core reports the cancelled call.
+        # Let it end on this loop: cancelled here, the core's report would still come, after
+        # the loop is closed, and another loop would print "Event loop is closed" for it.
         pending = asyncio.all_tasks(self._loop)
-        for task in pending:
-            task.cancel()
         if pending:
-            self._loop.run_until_complete(asyncio.wait(pending))
+            _, late = self._loop.run_until_complete(asyncio.wait(pending, timeout=_CLOSE_WAIT_S))
+            for task in late:
+                task.cancel()
+            if late:
+                self._loop.run_until_complete(asyncio.wait(late))
         self._loop.close()
+
+
+async def _until_ready(channel: grpc.aio.Channel, address: str, timeout_s: float) -> None:
+    """Wait for ``channel`` to connect; ConnectionError at its first failure or at the timeout.
+
+    This polls the state rather than awaiting ``channel_ready``: that leaves a connectivity
+    watch in gRPC's core which completes only when the channel closes, after this client's loop
+    is closed, and gRPC then prints "Event loop is closed" from whichever loop runs next. A
+    failed attempt ends at once, so the caller's own backoff decides when to try again.
+    """
+    deadline = time.monotonic() + timeout_s
+    state = channel.get_state(try_to_connect=True)
+    while state != grpc.ChannelConnectivity.READY:
+        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE or time.monotonic() > deadline:
+            raise ConnectionError(f"cannot reach a learner at {address}")
+        await asyncio.sleep(_READY_POLL_S)
+        state = channel.get_state(try_to_connect=True)
 
 
 def _default_name() -> str:
