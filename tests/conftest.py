@@ -19,14 +19,49 @@ def pytest_terminal_summary(terminalreporter) -> None:
         )
 
 
+def shm_blocks() -> set[str]:
+    """The shared-memory blocks on this machine now."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith("psm_")}
+
+
+def leaked_shm(before: set[str]) -> set[str]:
+    """Blocks made since ``before`` that no process outside this test's own tree holds.
+
+    Another seedbed run beside the suite (or another test session) makes and frees blocks of its
+    own meanwhile; while it runs, its processes map or hold them open, so they are not counted.
+    """
+    import psutil
+
+    new = shm_blocks() - before
+    if not new:
+        return set()
+    me = psutil.Process()
+    ours = {me.pid} | {p.pid for p in me.children(recursive=True)}
+    held = set()
+    for pid in psutil.pids():
+        if pid in ours:
+            continue
+        for listing in (f"/proc/{pid}/maps", f"/proc/{pid}/fd"):
+            try:
+                if listing.endswith("maps"):
+                    with open(listing) as f:
+                        text = f.read()
+                else:
+                    text = " ".join(os.readlink(f"{listing}/{fd}") for fd in os.listdir(listing))
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+            held |= {name for name in new if f"/dev/shm/{name}" in text}
+    return new - held
+
+
 @pytest.fixture
 def no_leaks():
     """Fail if the test leaves shared-memory blocks or child processes behind."""
     import psutil
 
-    before = set(os.listdir("/dev/shm"))
+    before = shm_blocks()
     yield
-    leaked = {name for name in set(os.listdir("/dev/shm")) - before if name.startswith("psm_")}
+    leaked = leaked_shm(before)
     assert not leaked, f"leaked shared memory: {leaked}"
     children = [
         p
