@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import interruptible, tiny_settings
+from tests.conftest import interruptible, leaked_shm, shm_blocks, tiny_settings
 
 
 def seedbed(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -109,7 +109,33 @@ def test_corrupt_checkpoint(tmp_path):
         assert len(lines) == 1 and "is corrupt or unreadable" in lines[0], result.stderr
 
 
-def test_train_then_eval_with_video(tmp_path):
+@pytest.mark.parametrize("case", ["under-a-file", "immutable"])
+def test_an_unusable_run_directory_is_one_line_before_anything_starts(tmp_path, case):
+    import shutil
+
+    if case == "under-a-file":
+        (tmp_path / "file").write_text("not a folder")
+        run_dir, cause = tmp_path / "file" / "sub", "Not a directory"
+    else:
+        run_dir, cause = tmp_path / "locked", "Operation not permitted"
+        run_dir.mkdir()
+        if not shutil.which("chattr") or subprocess.run(["chattr", "+i", str(run_dir)]).returncode:
+            pytest.skip("chattr +i is not available here (needs root and a file system with it)")
+    try:
+        for command in ("train", "launch"):
+            args = [command, "--run-dir", str(run_dir), "--no-progress"]
+            result = seedbed(*args, *(["--ray"] if command == "launch" else []))
+            assert result.returncode == 2, result.stderr
+            lines = result.stderr.strip().splitlines()
+            assert len(lines) == 1, result.stderr
+            assert f"--run-dir {run_dir}" in lines[0] and cause in lines[0], lines[0]
+            assert "choose another --run-dir" in lines[0]
+    finally:
+        subprocess.run(["chattr", "-i", str(run_dir)], capture_output=True)
+
+
+def test_train_then_eval_with_video(tmp_path, monkeypatch):
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)  # as on a server or in a container
     run = tmp_path / "r"
     result = seedbed("train", *flags(tiny_settings(run)))
     assert result.returncode == 0, result.stderr
@@ -119,6 +145,7 @@ def test_train_then_eval_with_video(tmp_path):
     result = seedbed("eval", str(run), "--episodes", "2", "--video", str(video))
     assert result.returncode == 0, result.stderr
     assert "2 episodes of CartPole-v1: return" in result.stdout
+    assert "XDG_RUNTIME_DIR" not in result.stderr  # SDL looked for a desktop it does not need
     assert video.stat().st_size > 1000
 
 
@@ -139,7 +166,7 @@ def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, signum, replicas):
     import psutil
 
     run = tmp_path / "r"
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_blocks()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -172,7 +199,7 @@ def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, signum, replicas):
     time.sleep(0.5)
     alive = [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"orphan processes: {alive}"
-    leaked = {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("psm_")}
+    leaked = leaked_shm(shm_before)
     assert not leaked, f"leaked shared memory: {leaked}"
 
 
@@ -185,7 +212,7 @@ def test_a_killed_learner_replica_stops_the_run_with_a_clear_error(tmp_path):
     import psutil
 
     run = tmp_path / "r"
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_blocks()
     settings = tiny_settings(run, total_frames=50_000_000, learner_replicas=2)
     proc = subprocess.Popen(
         [sys.executable, "-m", "seedbed", "train", *flags(settings)],
@@ -208,5 +235,5 @@ def test_a_killed_learner_replica_stops_the_run_with_a_clear_error(tmp_path):
     time.sleep(0.5)
     alive = [c.pid for c in everyone if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"orphan processes: {alive}"
-    leaked = {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("psm_")}
+    leaked = leaked_shm(shm_before)
     assert not leaked, f"leaked shared memory: {leaked}"

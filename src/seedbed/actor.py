@@ -60,7 +60,10 @@ def run_actor(
 ) -> None:
     """Act until the learner goes away. ``endpoint.open()`` gives the transport client;
     ``local`` (a ``LocalActing``) makes the actor pick its own actions, None leaves it central."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when actors stop
+    # The learner decides when actors stop: a Ctrl-C, or a SIGTERM sent to the whole group,
+    # reaches it too, and it stops them once its final checkpoint and summary are written.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     client = endpoint.open()
     envs = make_vector_env(env_id, num_envs, seed, settings)
     policy = None

@@ -298,8 +298,10 @@ def _get(ref: Any) -> Any:
 def resolve_run_dir(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Fix the run directory to an absolute path here, so the learner writes where we expect."""
     from seedbed.config import resolve
+    from seedbed.runtime.rundir import check_run_dir
     from seedbed.runtime.train import default_run_dir
 
     config = resolve(layers)
     run_dir = Path(config.train.run_dir) if config.train.run_dir else default_run_dir(config)
+    check_run_dir(run_dir)  # before Ray starts: a bad one is one line, not a remote traceback
     return [*layers, {"run_dir": str(run_dir.resolve())}]

@@ -182,7 +182,9 @@ class RunLogger:
         # Imported here so that importing this module never pulls torch in.
         from torch.utils.tensorboard import SummaryWriter
 
-        self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=resume_frames)
+        # Events from step purge_step on are dropped: keep the checkpoint's own row.
+        purge = None if resume_frames is None else resume_frames + 1
+        self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge)
         self._last_tb_flush = time.monotonic()
 
         self._last_frames: int | None = None

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import itertools
 import json
+import logging
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +19,7 @@ from seedbed.agents import make_agent
 from seedbed.config import resolve
 from seedbed.envs import make_spec
 from seedbed.evaluate import evaluate
-from seedbed.runtime.checkpoint import list_checkpoints
+from seedbed.runtime.checkpoint import list_checkpoints, load_checkpoint
 from seedbed.runtime.train import TrainingRun, train
 from tests.conftest import tiny_settings
 
@@ -66,18 +69,59 @@ def test_energy_off_leaves_it_out(tmp_path, no_leaks):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["energy"] is None
 
 
+def counters(row_or_checkpoint) -> tuple[int, int, float]:
+    c = row_or_checkpoint
+    return int(c["frames"]), int(c["learner_steps"]), round(float(c["wall_s"]), 3)
+
+
 def test_resume_continues_frames_steps_and_metrics(tmp_path, no_leaks):
     run = tmp_path / "run"
     first = train(resolve([tiny_settings(run, total_frames=3000)]))
     before = rows(run)
+    # The checkpoint holds the counters of the last row: a resume goes on from that row.
+    assert counters(load_checkpoint(first["checkpoint"])) == counters(before[-1])
     second = train(resolve([tiny_settings(run, total_frames=6000, resume=True)]))
     after = rows(run)
     assert second["frames"] >= 6000 > first["frames"]
     assert second["learner_steps"] > first["learner_steps"]
     assert second["wall_s"] > first["wall_s"]
     assert after[: len(before)] == before  # the old rows stay
-    frames = [int(r["frames"]) for r in after]
-    assert frames == sorted(frames) and len(after) > len(before)
+    assert len(after) > len(before)
+    for column in ("frames", "wall_s"):  # none repeats or goes back
+        values = [float(r[column]) for r in after]
+        assert all(a < b for a, b in itertools.pairwise(values)), (column, values)
+    steps = [int(r["learner_steps"]) for r in after]  # the final row may add frames, no steps
+    assert steps == sorted(steps), steps
+    assert all(float(r["fps"]) > 0 for r in after if r["fps"])
+
+
+def test_a_periodic_checkpoint_holds_the_counters_of_its_row(tmp_path, no_leaks):
+    run = tmp_path / "run"
+    train(resolve([tiny_settings(run, total_frames=8000, checkpoint_every_s=0.3)]))
+    by_frames = {int(r["frames"]): r for r in rows(run)}
+    saved = list_checkpoints(run / "checkpoints")
+    assert len(saved) >= 2
+    for path in saved:
+        ckpt = load_checkpoint(path)
+        assert counters(ckpt) == counters(by_frames[ckpt["frames"]])
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, no_leaks, caplog):
+    caplog.set_level(logging.INFO)
+    run = tmp_path / "run"
+    train(resolve([tiny_settings(run, total_frames=8000, checkpoint_every_s=0.3)]))
+    *_, older, newest = list_checkpoints(run / "checkpoints")
+    newest.write_bytes(newest.read_bytes()[:1000])  # a copy cut short
+    (run / "checkpoints" / ".ckpt-abc.tmp").write_bytes(b"a write a SIGKILL cut short")
+    resumed = train(resolve([tiny_settings(run, total_frames=12_000, resume=True)]))
+    assert f"the newest checkpoint {newest} is damaged" in caplog.text
+    assert f"resumed from {older}" in caplog.text
+    assert (run / "checkpoints" / (newest.name + ".corrupt")).is_file()  # kept, set aside
+    assert not list((run / "checkpoints").glob(".ckpt-*.tmp"))
+    assert resumed["frames"] >= 12_000
+    assert list_checkpoints(run / "checkpoints")[-1] == Path(resumed["checkpoint"])
+    frames = [int(r["frames"]) for r in rows(run)]
+    assert frames == sorted(set(frames))  # the rows after the older checkpoint were dropped
 
 
 def test_killed_actor_is_restarted_and_training_goes_on(tmp_path, no_leaks):
@@ -189,12 +233,14 @@ def test_quantized_and_local_inference_report_their_broadcasts(
     inference = summary["inference"]
     assert (inference["mode"], inference["precision"]) == (mode, precision)
     assert summary["stop_reason"] == "total_frames" and summary["learner_steps"] > 0
-    last = rows(run)[-1]
+    logged = rows(run)
     if precision == "fp32":
         assert inference["quantization_error_max"] is None
     else:
         assert 0 < inference["quantization_error_max"] < 1.0
-        assert float(last["quantization_error"]) > 0
+        # A row whose interval had no broadcast (the final one, after the actors stop) has none.
+        errors = [float(r["quantization_error"]) for r in logged if r["quantization_error"]]
+        assert errors and all(e > 0 for e in errors)
     if mode == "local":
         config = resolve([tiny_settings(run, hidden_sizes="256,256", **settings)])
         agent = make_agent("vtrace", make_spec("CartPole-v1"), config.agent, "cpu")
@@ -206,7 +252,7 @@ def test_quantized_and_local_inference_report_their_broadcasts(
         ]
         assert len(acting) < len(list(agent.network.parameters()))
         fp32_bytes = 4 * sum(p.numel() for p in acting)
-        assert int(last["broadcast_bytes"]) == inference["broadcast_bytes"]
+        assert int(logged[-1]["broadcast_bytes"]) == inference["broadcast_bytes"]
         share = inference["broadcast_bytes"] / fp32_bytes
         assert 0.5 < share < 0.55 if precision == "fp16" else 1.0 < share < 1.05
     else:

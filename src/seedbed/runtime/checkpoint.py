@@ -8,6 +8,7 @@ the old set of checkpoints or the new one, never a half-written file.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tempfile
@@ -18,8 +19,15 @@ import torch
 
 from seedbed.errors import SeedbedError
 
+log = logging.getLogger(__name__)
+
 FORMAT = 1
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+_PARTIAL = ".ckpt-*.tmp"  # a write a SIGKILL cut short
+
+
+class CorruptCheckpoint(SeedbedError):
+    """A checkpoint file that cannot be read back as a seedbed checkpoint."""
 
 
 def checkpoint_path(folder: Path, frames: int) -> Path:
@@ -62,13 +70,46 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for damaged files
         reason = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
-        raise SeedbedError(
+        raise CorruptCheckpoint(
             f"checkpoint {path} is corrupt or unreadable ({reason}); delete it to resume from "
             "an older one"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise SeedbedError(f"checkpoint {path} is not a seedbed checkpoint of format {FORMAT}")
+        raise CorruptCheckpoint(f"checkpoint {path} is not a seedbed checkpoint of format {FORMAT}")
     return payload
+
+
+def load_latest(run_dir: str | Path, set_aside: bool = True) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint of a run that loads, and its payload; None if the run has none.
+
+    A newer one that is corrupt (a disk that failed under it, a copy cut short) is skipped with a
+    warning and, with ``set_aside``, renamed to ``*.corrupt``, so that it neither shadows the
+    checkpoints written after the resume nor is taken for the newest again. Partial writes left
+    by a killed process are removed too. Raises the oldest one's error if none loads.
+    """
+    folder = Path(run_dir) / "checkpoints"
+    if set_aside and folder.is_dir():
+        for partial in folder.glob(_PARTIAL):
+            partial.unlink(missing_ok=True)
+    found = list_checkpoints(folder)
+    for i, path in enumerate(reversed(found)):
+        try:
+            payload = load_checkpoint(path)
+        except CorruptCheckpoint as e:
+            if i == len(found) - 1:
+                raise  # the oldest too: nothing to fall back on
+            aside = path.with_name(path.name + ".corrupt")
+            if set_aside:
+                path.replace(aside)
+            log.warning(
+                "the newest checkpoint %s is damaged%s; resuming from the one before it (%s)",
+                path,
+                f" (set aside as {aside.name})" if set_aside else "",
+                str(e).split("; ")[0].removeprefix(f"checkpoint {path} "),
+            )
+            continue
+        return path, payload
+    return None
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

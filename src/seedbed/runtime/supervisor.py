@@ -105,17 +105,18 @@ class ActorSupervisor:
             return [p.pid for p in self._procs if p is not None]
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop every actor: ask politely, then kill what is left; leaves no process behind."""
+        """Stop every actor; leaves no process behind.
+
+        Actors ignore SIGTERM (the learner decides when they stop) and hold nothing to save, so
+        they are killed outright.
+        """
         self._stop.set()
         with self._lock:
             procs = [p for p in self._procs if p is not None]
         for p in procs:
             if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout_s)
-            if p.is_alive():
                 p.kill()
-                p.join()
+        for p in procs:
+            p.join()
         if self._watcher.is_alive():
             self._watcher.join(timeout_s)

@@ -14,6 +14,7 @@ all replicas, and replica 0 alone writes files.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -41,7 +42,9 @@ from seedbed.inference.server import InferenceServer, InferenceStats
 from seedbed.quantize import encode_policy
 from seedbed.replay import PrioritizedReplay, UnrollQueue
 from seedbed.replicate import ReplicaContext, Replicator, spawn
-from seedbed.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from seedbed.runtime.checkpoint import latest_checkpoint, load_latest, save_checkpoint
+from seedbed.runtime.rundir import check_run_dir
+from seedbed.runtime.signals import StopNow, StopSignals
 from seedbed.runtime.supervisor import ActorSupervisor
 from seedbed.telemetry import (
     EpisodeWindow,
@@ -54,6 +57,10 @@ from seedbed.transport.remote import ActorGateway, Assignment, read_secret
 from seedbed.transport.shm import PolicyBoard, SharedMemoryServer
 
 log = logging.getLogger(__name__)
+
+# How long an orderly stop (the final checkpoint, summary and plot) may take after the first
+# Ctrl-C before the run is ended at once; the slowest seen, Atari with energy on, took ~5 s.
+STOP_GRACE_S = 120.0
 
 
 def default_run_dir(config: RunConfig) -> Path:
@@ -107,7 +114,8 @@ class TrainingRun:
         self.energy: dict[str, Any] | None = None  # this session's, from EnergyMeter.stop()
         resume_from = self._prepare_run_dir()
         if resume_from is not None:
-            self._restore(resume_from)
+            self._restore(*resume_from)
+        self._row_frames = self.frames  # rows continue after the checkpoint's
         if self.replica.num_replicas > 1:
             for optimizer in _optimizers(self.agent):
                 self.replica.wrap_optimizer(optimizer)  # also copies replica 0's parameters
@@ -124,6 +132,12 @@ class TrainingRun:
         self.stopwatch = Stopwatch()  # the learner thread's time
         self._stop_requested = threading.Event()
         self.started_at = time.time()
+        self._logger: RunLogger | None = None  # replica 0's, while running
+        self._meter: EnergyMeter | None = None
+        self._acc: _Window | None = None  # the learner metrics of the row being gathered
+        self._row_frames = 0  # the frame count of the last metrics row
+        self._row_batches = np.zeros(2, np.int64)  # inference batches and envs since that row
+        self._write_failed = False  # the run directory failed: nothing more is written
 
     def _read_secrets(self) -> tuple[bytes | None, tuple[bytes, bytes] | None]:
         """The remote actors' token and the TLS certificate and key, read before anything starts."""
@@ -136,24 +150,31 @@ class TrainingRun:
             read_secret(cfg.tls_key, "--tls-key"),
         )
 
-    def _prepare_run_dir(self) -> Path | None:
+    def _prepare_run_dir(self) -> tuple[Path, dict[str, Any]] | None:
+        """Check the run directory and save the config; with --resume, the checkpoint to resume
+        from (the newest that loads) and its contents."""
         cfg = self.config.train
-        existing = latest_checkpoint(self.run_dir)
-        if cfg.resume and existing is None:
+        # Replica 0 alone sets damaged checkpoints aside; the others skip the same ones.
+        found = load_latest(self.run_dir, set_aside=self.primary) if cfg.resume else None
+        if cfg.resume and found is None:
             raise SeedbedError(f"--resume: {self.run_dir} has no checkpoint to resume from")
-        if not cfg.resume and existing is not None:
+        if not cfg.resume and latest_checkpoint(self.run_dir) is not None:
             raise SeedbedError(
                 f"{self.run_dir} already holds a run; pass --resume to continue it or choose "
                 "another --run-dir"
             )
         if self.primary:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            check_run_dir(self.run_dir)
             saved = dict(self.config.to_dict(), run_dir=str(self.run_dir), resume=False)
-            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
-        return existing if cfg.resume else None
+            try:
+                (self.run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+            except OSError as e:
+                raise SeedbedError(
+                    f"--run-dir {self.run_dir}: cannot save config.yaml ({e})"
+                ) from None
+        return found
 
-    def _restore(self, path: Path) -> None:
-        state = load_checkpoint(path)
+    def _restore(self, path: Path, state: dict[str, Any]) -> None:
         try:
             self.agent.load_state_dict(state["agent"])
             self.frames, self.learner_steps = int(state["frames"]), int(state["learner_steps"])
@@ -188,6 +209,31 @@ class TrainingRun:
         (None on replicas other than 0)."""
         cfg = self.layout
         ctx = multiprocessing.get_context("spawn")
+        with contextlib.ExitStack() as files:
+            # Undone last to first, each step even when one before it fails or a third signal
+            # interrupts it: shared memory and processes are released on every path.
+            files.callback(self._close_logger)
+            with contextlib.ExitStack() as processes:
+                reason, error = "error", None
+                start = self._start(cfg, ctx, processes)  # a failed start trains nothing
+                try:
+                    reason = self._loop(self.buffer, self.server, self.supervisor, start)
+                except StopNow:
+                    raise  # a third signal: the newest complete checkpoint is what stays
+                except KeyboardInterrupt:
+                    reason = "interrupted"  # no StopSignals around us: Ctrl-C raised here
+                except SeedbedError as e:
+                    error = e  # still save what was learned, then report it
+                elapsed = time.perf_counter() - start
+            if error is not None and self.replica.num_replicas > 1:
+                raise error  # the other replicas wait in a collective: the launcher stops them
+            summary = None if self._write_failed else self._finish(reason, elapsed)
+            if error is not None:
+                raise error
+            return summary
+
+    def _start(self, cfg: RunConfig, ctx: Any, processes: contextlib.ExitStack) -> float:
+        """Make the transport, servers and actors and start them; ``processes`` stops them."""
         queue = self.agent.make_buffer(cfg.unroll, cfg.queue_size, cfg.batch, cfg.seed)
         local = cfg.inference == "local"
         transport = SharedMemoryServer(
@@ -200,7 +246,14 @@ class TrainingRun:
             action_dtype=self.spec.action_dtype,
             acted=acted_fields(self.agent, self.spec) if local else (),
         )
+        # ``processes`` undoes these last to first: the inference thread, the actors, the
+        # transport (remote actors' streams are told that training is over), the gateway and
+        # the policy board, then the energy meter. A failed start undoes what was made.
+        processes.callback(self._energy_stop)
+        processes.callback(transport.close)
         board = self._policy_board() if local else None
+        if board is not None:
+            processes.callback(board.close)
         server = InferenceServer(
             self.agent,
             transport,
@@ -239,69 +292,79 @@ class TrainingRun:
             ctx,
             cfg.max_actor_restarts,
         )
-        try:
-            gateway = self._gateway(transport) if cfg.listen else None
-        except SeedbedError:
-            transport.close()
-            raise
+        self.gateway = self._gateway(transport) if cfg.listen else None
+        if self.gateway is not None:
+            processes.callback(self.gateway.stop)
+        processes.callback(transport.close)  # before the gateway's stop (closing twice is fine)
+        processes.callback(self._keep_actor_times, transport)
         stop = threading.Event()
         serving = threading.Thread(
             target=self._serve, args=(server, stop), name="inference", daemon=True
         )
-        self.supervisor, self.server, self.gateway = supervisor, server, gateway
-        self.buffer = queue
-        logger = (
-            RunLogger(
-                self.run_dir,
-                total_frames=cfg.total_frames,
-                resume_frames=self.frames if cfg.resume else None,
-                progress=cfg.progress,
-                console=self.console,
-            )
-            if self.primary
-            else None
-        )
-        reason, error = "error", None
+        self.supervisor, self.server, self.buffer = supervisor, server, queue
+        processes.callback(supervisor.stop)
+        processes.callback(self._stop_serving, stop, queue, serving)
+        if self.primary:
+            try:
+                self._logger = RunLogger(
+                    self.run_dir,
+                    total_frames=cfg.total_frames,
+                    resume_frames=self.frames if cfg.resume else None,
+                    progress=cfg.progress,
+                    console=self.console,
+                )
+            except OSError as e:
+                raise self._unwritable(e) from None
+        self._acc = _Window(self.wall_offset, self.agent.metric_names)
         # Replica 0 measures for all: CodeCarbon's machine mode counts the whole machine.
-        meter = EnergyMeter(cfg.country, enabled=cfg.energy and self.primary)
-        start = time.perf_counter()
+        self._meter = EnergyMeter(cfg.country, enabled=cfg.energy and self.primary)
+        self._meter.start()  # this session only: a resumed run measures from here
+        start = time.perf_counter()  # the wall clock leaves out the meter's ~1 s start
+        self.started_at = time.time()
+        supervisor.start()
+        serving.start()
+        if self.gateway is not None:
+            self.gateway.start()
+        torch.set_num_threads(self.threads["learner"])  # this thread's, not inference's
+        return start
+
+    def _stop_serving(self, stop: threading.Event, queue: Any, serving: threading.Thread) -> None:
+        self.threads_used["learner"] = torch.get_num_threads()
+        torch.set_num_threads(self.threads["inference"])  # the caller's thread as it was
+        stop.set()
+        queue.close()
+        if serving.ident is not None:  # not started when an actor could not be launched
+            serving.join(timeout=10)
+
+    def _keep_actor_times(self, transport: SharedMemoryServer) -> None:
+        self.actor_times = transport.actor_times()
+
+    def _energy_stop(self) -> None:
+        if self._meter is not None:
+            self.energy = self._meter.stop()
+
+    def _close_logger(self) -> None:
+        """Close the metric files; a failure to is the run directory's, said in one line."""
+        if self._logger is None:
+            return
+        logger, self._logger = self._logger, None
         try:
-            meter.start()  # this session only: a resumed run measures from here
-            start = time.perf_counter()  # the wall clock leaves out the meter's ~1 s start
-            self.started_at = time.time()
-            supervisor.start()
-            serving.start()
-            if gateway is not None:
-                gateway.start()
-            torch.set_num_threads(self.threads["learner"])  # this thread's, not inference's
-            reason = self._loop(queue, server, supervisor, logger, start)
-        except KeyboardInterrupt:
-            reason = "interrupted"
-        except SeedbedError as e:
-            error = e  # still save what was learned, then report it
-        finally:
-            self.threads_used["learner"] = torch.get_num_threads()
-            torch.set_num_threads(self.threads["inference"])  # the caller's thread as it was
-            stop.set()
-            queue.close()
-            if serving.ident is not None:  # not started when an actor could not be launched
-                serving.join(timeout=10)
-            supervisor.stop()
-            self.actor_times = transport.actor_times()
-            transport.close()  # remote actors' streams end here: they are told training is over
-            if board is not None:
-                board.close()
-            if gateway is not None:
-                gateway.stop()
-            if logger is not None:
-                logger.close()
-            self.energy = meter.stop()
-        if error is not None and self.replica.num_replicas > 1:
-            raise error  # the other replicas wait in a collective: the launcher stops them
-        summary = self._finish(reason, time.perf_counter() - start)
-        if error is not None:
-            raise error
-        return summary
+            logger.close()
+        except OSError as e:
+            if not self._write_failed:
+                raise self._unwritable(e) from None
+
+    def _unwritable(self, e: OSError) -> SeedbedError:
+        """The one-line error for a run directory that failed mid-run (unwritable, full)."""
+        self._write_failed = True
+        where = f": {e.filename}" if e.filename else ""
+        newest = latest_checkpoint(self.run_dir)
+        kept = f"its newest complete checkpoint, {newest}, is kept" if newest else "it has none"
+        return SeedbedError(
+            f"cannot write to the run directory {self.run_dir} ({e.strerror or e}{where}); "
+            f"the run stopped at {self.frames:,} frames and {kept}; summary.json was not "
+            "written: free space or make the directory writable, then --resume"
+        )
 
     def _serve(self, server: InferenceServer, stop: threading.Event) -> None:
         """The inference thread, with its own torch thread count, not the learner's."""
@@ -367,11 +430,12 @@ class TrainingRun:
         )
         return gateway
 
-    def _loop(self, queue, server, supervisor, logger, start: float) -> str:
+    def _loop(self, queue, server, supervisor, start: float) -> str:
         cfg = self.layout
         replicated = self.replica.num_replicas > 1
-        acc = _Window(self.wall_offset, self.agent.metric_names)
+        acc = self._acc
         next_log = next_ckpt = time.perf_counter()
+        next_log += cfg.log_every_s
         next_ckpt += cfg.checkpoint_every_s
         watch = self.stopwatch
         while True:
@@ -398,41 +462,52 @@ class TrainingRun:
             ).tolist()
             if stop_now:
                 return "interrupted"
-            if log_now:
+            if log_now or checkpoint_now:  # a checkpoint keeps the counters of its row
                 next_log = now + cfg.log_every_s
-                reason = self._log(server, supervisor, logger, acc, now - start)
+                reason = self._log(server, supervisor, now - start)
                 if reason:
                     return reason
             if checkpoint_now:
                 next_ckpt = now + cfg.checkpoint_every_s
                 if self.primary:
-                    self._save(now - start)
+                    try:
+                        self._save(now - start)
+                    except OSError as e:
+                        raise self._unwritable(e) from None
             watch.lap("logging_and_checkpoints")
 
-    def _log(self, server, supervisor, logger, acc: _Window, elapsed: float) -> str | None:
+    def _log(self, server, supervisor, elapsed: float) -> str | None:
         """Take every replica's counters, log one row (replica 0), and say whether to stop.
 
-        Every replica gets the same merged counters, so all reach the same decision.
+        Every replica gets the same merged counters, so all reach the same decision. A row is
+        logged only when frames moved on: a resumed run's first seconds, before its actors
+        step, would repeat the checkpoint's row.
         """
         cfg = self.layout
-        frames_before = self.frames
         stats = self._take_stats(server, supervisor)
+        self._row_batches += (stats.batches, stats.batch_envs)
         wall_s = self.wall_offset + elapsed
         mean_return = self.window.mean_return()
-        row = {
-            "frames": self.frames,
-            "wall_s": round(wall_s, 3),
-            "fps": acc.fps(self.frames - frames_before, wall_s),
-            "mean_return": mean_return,
-            "episodes": self.window.count,
-            **self.replica.all_reduce(acc.take(), "mean"),
-            "learner_steps": self.learner_steps,
-            "inference_batch": stats.batch_envs / stats.batches if stats.batches else None,
-            "actor_restarts": self.actor_restarts,
-            **(self.publisher.take() if self.publisher.measured else {}),
-        }
-        if logger is not None:
-            logger.log(row)
+        if self.frames > self._row_frames:
+            acc, (batches, batch_envs) = self._acc, self._row_batches
+            row = {
+                "frames": self.frames,
+                "wall_s": round(wall_s, 3),
+                "fps": acc.fps(self.frames - self._row_frames, wall_s),
+                "mean_return": mean_return,
+                "episodes": self.window.count,
+                **self.replica.all_reduce(acc.take(), "mean"),
+                "learner_steps": self.learner_steps,
+                "inference_batch": batch_envs / batches if batches else None,
+                "actor_restarts": self.actor_restarts,
+                **(self.publisher.take() if self.publisher.measured else {}),
+            }
+            self._row_frames, self._row_batches = self.frames, np.zeros(2, np.int64)
+            if self._logger is not None:
+                try:
+                    self._logger.log(row)
+                except OSError as e:
+                    raise self._unwritable(e) from None
         reached = (
             cfg.target_return is not None
             and mean_return is not None
@@ -494,12 +569,15 @@ class TrainingRun:
 
     def _finish(self, reason: str, elapsed: float) -> dict[str, Any] | None:
         cfg = self.config.train
-        if self.server is not None:
-            self._take_stats(self.server, self.supervisor)
+        self._log(self.server, self.supervisor, elapsed)  # the last row: the checkpoint's counters
         in_sync = self._replicas_in_sync()
         if not self.primary:
             return None
-        checkpoint = self._save(elapsed)
+        self._close_logger()
+        try:
+            checkpoint = self._save(elapsed)
+        except OSError as e:
+            raise self._unwritable(e) from None
         wall_s = self.wall_offset + elapsed
         dtype = getattr(self.agent.network, "torso_dtype", None)
         summary = {
@@ -545,7 +623,10 @@ class TrainingRun:
             "checkpoint": str(checkpoint),
             "run_dir": str(self.run_dir),
         }
-        write_json_atomic(self.run_dir / "summary.json", summary)
+        try:
+            write_json_atomic(self.run_dir / "summary.json", summary)
+        except OSError as e:
+            raise self._unwritable(e) from None
         try:
             summary["curve"] = str(plot_curve(self.run_dir, cfg.target_return))
         except Exception as e:  # a plot must never lose a finished run
@@ -569,7 +650,7 @@ class TrainingRun:
         return {
             "address": self.gateway.address,
             "connections": self.gateway.connections,
-            "refused": len(self.gateway.rejected),
+            "refused": self.gateway.rejected_total,
         }
 
     def _time_shares(self) -> dict[str, dict[str, float]]:
@@ -625,23 +706,31 @@ def _pad(values: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def train(config: RunConfig, console: Console | None = None) -> dict[str, Any]:
-    """Run training as configured and return its summary (also saved as summary.json)."""
+    """Run training as configured and return its summary (also saved as summary.json).
+
+    In the main thread, SIGINT and SIGTERM stop the run in order (see ``StopSignals``).
+    """
     replicas = config.train.learner_replicas
     if replicas == 1:
-        return TrainingRun(config, console).run()
+        run = TrainingRun(config, console)
+        with StopSignals(run.request_stop, STOP_GRACE_S):
+            return run.run()
     if config.train.device == "cuda" and torch.cuda.device_count() < replicas:
         raise SeedbedError(
             f"--device cuda with --learner-replicas {replicas} needs {replicas} GPUs, one per "
             f"replica; this machine has {torch.cuda.device_count()}"
         )
+    # One folder for every replica, checked before they start.
+    run_dir = Path(config.train.run_dir) if config.train.run_dir else default_run_dir(config)
+    config = dataclasses.replace(
+        config, train=dataclasses.replace(config.train, run_dir=str(run_dir))
+    )
+    check_run_dir(run_dir)
     # A lock-free flag: an Event's set() waits for its sleepers, and a replica killed while
     # waiting on one would hang the launcher.
     stop = multiprocessing.get_context("spawn").RawValue("b", 0)
-    restore = _stop_on_signals(stop)
-    try:
+    with StopSignals(functools.partial(setattr, stop, "value", 1), STOP_GRACE_S):
         return spawn(replicas, _run_replica, config, stop)[0]
-    finally:
-        restore()
 
 
 def _run_replica(config: RunConfig, stop: Any) -> dict[str, Any] | None:
@@ -660,23 +749,3 @@ def _run_replica(config: RunConfig, stop: Any) -> dict[str, Any] | None:
 
         threading.Thread(target=watch, name="stop-watch", daemon=True).start()
         return run.run()
-
-
-def _stop_on_signals(stop: Any) -> Any:
-    """Make Ctrl-C and SIGTERM set the shared flag ``stop`` (so the run ends with a checkpoint
-    and summary) instead of raising; returns what undoes it. Only the main thread may handle
-    signals."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handle(signum: int, frame: Any) -> None:
-        stop.value = 1
-
-    signals = (signal.SIGINT, signal.SIGTERM)
-    previous = [signal.signal(sig, handle) for sig in signals]
-
-    def restore() -> None:
-        for sig, handler in zip(signals, previous, strict=True):
-            signal.signal(sig, handler)
-
-    return restore
