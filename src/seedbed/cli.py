@@ -94,7 +94,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = resolve(_settings_layers(args))
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop ends the run as Ctrl-C does
-    return _report(train(config))
+    summary = train(config)  # which stops in order at a signal (runtime/signals.py)
+    # The run is over and written: the late second of two quick signals must not break the
+    # exit with a traceback.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    return _report(summary)
 
 
 def _launch_parser(subparsers: Any) -> None:

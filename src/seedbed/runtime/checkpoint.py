@@ -49,7 +49,14 @@ def save_checkpoint(folder: Path, frames: int, payload: dict[str, Any], keep: in
     fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, **payload}, f)
+            try:
+                torch.save({"format": FORMAT, **payload}, f)
+            except RuntimeError as e:
+                # A failed write (a full disk, a file-size limit) comes out of torch's zip
+                # writer as a RuntimeError about positions; the OSError behind it says why.
+                if isinstance(e.__context__, OSError):
+                    raise e.__context__ from None
+                raise
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

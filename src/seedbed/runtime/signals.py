@@ -14,7 +14,6 @@ reports in one line, instead of the kernel ending the process without a word.
 
 from __future__ import annotations
 
-import _thread
 import logging
 import signal
 import threading
@@ -94,4 +93,6 @@ class StopSignals:
                 self._grace_s,
             )
             self.received = ABORT_AFTER - 1
-            _thread.interrupt_main(signal.SIGINT)  # the handler, in the main thread, raises
+            # A real signal to the main thread, so that a blocking call there is interrupted
+            # too; the handler then raises as at a third signal.
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
