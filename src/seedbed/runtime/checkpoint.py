@@ -27,7 +27,11 @@ _PARTIAL = ".ckpt-*.tmp"  # a write a SIGKILL cut short
 
 
 class CorruptCheckpoint(SeedbedError):
-    """A checkpoint file that cannot be read back as a seedbed checkpoint."""
+    """A checkpoint file that cannot be read back as a seedbed checkpoint; ``problem`` says how."""
+
+    def __init__(self, message: str, problem: str) -> None:
+        super().__init__(message)
+        self.problem = problem
 
 
 def checkpoint_path(folder: Path, frames: int) -> Path:
@@ -79,10 +83,14 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         reason = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
         raise CorruptCheckpoint(
             f"checkpoint {path} is corrupt or unreadable ({reason}); delete it to resume from "
-            "an older one"
+            "an older one",
+            problem=reason,
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CorruptCheckpoint(f"checkpoint {path} is not a seedbed checkpoint of format {FORMAT}")
+        raise CorruptCheckpoint(
+            f"checkpoint {path} is not a seedbed checkpoint of format {FORMAT}",
+            problem=f"not a seedbed checkpoint of format {FORMAT}",
+        )
     return payload
 
 
@@ -109,10 +117,10 @@ def load_latest(run_dir: str | Path, set_aside: bool = True) -> tuple[Path, dict
             if set_aside:
                 path.replace(aside)
             log.warning(
-                "the newest checkpoint %s is damaged%s; resuming from the one before it (%s)",
+                "the newest checkpoint %s is damaged (%s)%s; resuming from the one before it",
                 path,
-                f" (set aside as {aside.name})" if set_aside else "",
-                str(e).split("; ")[0].removeprefix(f"checkpoint {path} "),
+                e.problem,
+                f"; set aside as {aside.name}" if set_aside else "",
             )
             continue
         return path, payload
