@@ -178,7 +178,7 @@ def test_acting_adds_each_envs_noise_within_the_bounds_and_evaluation_adds_none(
 def test_discrete_envs_are_refused_in_one_line():
     config = resolve([{"agent": "d4pg"}]).agent
     with pytest.raises(
-        ConfigError, match="needs continuous actions.*use --agent vtrace, dqn or r2d2"
+        ConfigError, match="needs continuous actions.*use --agent vtrace, ppo, dqn or r2d2"
     ):
         make_agent("d4pg", EnvSpec("CartPole-v1", (4,), "float32", 2), config, "cpu")
     dqn = resolve([{"agent": "dqn"}]).agent

@@ -11,7 +11,7 @@ from typing import Any
 
 from seedbed.errors import ConfigError
 
-AGENTS = ("vtrace", "dqn", "r2d2", "d4pg")
+AGENTS = ("vtrace", "ppo", "dqn", "r2d2", "d4pg")
 
 
 def check_agent(name: str) -> None:

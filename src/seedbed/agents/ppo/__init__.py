@@ -1,0 +1,1 @@
+"""PPO: clipped-surrogate policy optimisation on central inference (APPO with V-trace)."""

@@ -1,0 +1,75 @@
+"""Settings of the PPO agent (no torch here: read by the CLI and by actors)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from seedbed.agents.vtrace.config import FAMILY_DEFAULTS as VTRACE_FAMILY_DEFAULTS
+from seedbed.agents.vtrace.config import VTraceConfig
+from seedbed.config import setting
+from seedbed.errors import ConfigError
+
+
+@dataclasses.dataclass
+class PPOConfig(VTraceConfig):
+    """PPO's settings: the V-trace agent's network, optimizer and loss weights, and its own.
+
+    PPO acts as V-trace does (it samples its softmax policy on the same networks); it differs in
+    how it learns from a batch: several epochs of shuffled minibatches, each a clipped-surrogate
+    step against the policy that acted (Schulman et al. 2017; with ``advantages=vtrace`` the
+    advantages are corrected for policy lag, as in Sample Factory's APPO).
+    """
+
+    lr: float = setting(5e-4, "learning rate")
+    discount: float = setting(0.99, "discount factor gamma")
+    td_lambda: float = setting(0.95, "lambda of GAE or of V-trace, mixing in shorter returns")
+    normalize_advantages: bool = setting(
+        True, "normalize each minibatch's advantages to zero mean and unit standard deviation"
+    )
+    advantages: Literal["gae", "vtrace"] = setting(
+        "gae", "advantages: GAE(lambda), or V-trace's, corrected for the policy lag (APPO)"
+    )
+    epochs: int = setting(4, "passes over each learner batch")
+    minibatches: int = setting(4, "minibatches per epoch; each holds batch / minibatches unrolls")
+    clip_ratio: float = setting(0.2, "epsilon: clip of the probability ratio in the surrogate")
+    value_clip: float | None = setting(
+        None, "clip each value update to this far from the value before the batch (none: off)"
+    )
+    target_kl: float | None = setting(
+        None, "stop a batch's epochs early once the mean KL from the acting policy passes this"
+    )
+
+    def validate(self) -> None:
+        """Raise ConfigError on a value that cannot work."""
+        super().validate()
+        if self.epochs < 1 or self.minibatches < 1:
+            raise ConfigError(
+                f"--epochs and --minibatches must be >= 1, got {self.epochs} and {self.minibatches}"
+            )
+        if self.clip_ratio <= 0:
+            raise ConfigError(f"--clip-ratio must be positive, got {self.clip_ratio}")
+        for name in ("value_clip", "target_kl"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be positive or none")
+
+    def check_run(self, train: Any) -> None:
+        """Raise ConfigError where the run's layout cannot work with this agent."""
+        super().check_run(train)
+        if self.target_kl is not None and train.learner_replicas > 1:
+            raise ConfigError(
+                "--target-kl cannot be used with --learner-replicas > 1: each replica would stop "
+                "its epochs at its own step; leave it none"
+            )
+        if self.minibatches > train.batch:
+            raise ConfigError(
+                f"--minibatches ({self.minibatches}) must be <= --batch ({train.batch}): a "
+                "minibatch holds whole unrolls"
+            )
+
+
+CONFIG_CLASS = PPOConfig
+
+# V-trace's, for the same networks and preprocessing.
+FAMILY_DEFAULTS = VTRACE_FAMILY_DEFAULTS

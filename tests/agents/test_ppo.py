@@ -1,0 +1,155 @@
+"""PPO: its targets and loss against plain loops over the papers' equations, its settings, and
+that it learns, with central and local inference and a replicated learner."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from seedbed.agents import make_agent
+from seedbed.agents.ppo.learning import batch_targets, gae, ppo_loss
+from seedbed.config import resolve
+from seedbed.errors import ConfigError
+from seedbed.runtime.train import train
+from tests.agents.test_agents import DISCRETE, collect
+from tests.conftest import tiny_settings
+
+
+def gae_by_the_sum(rewards, discounts, values, bootstrap, lam):
+    """Schulman et al. 2016, eq. 16: A_t = sum over l of (gamma lambda)^l delta_{t+l}, the
+    product of the discounts cutting it where an episode ended."""
+    T, B = rewards.shape
+    out = torch.zeros(T, B, dtype=torch.float64)
+    for b in range(B):
+        v = [*values[:, b].tolist(), float(bootstrap[b])]
+        deltas = [rewards[t, b] + discounts[t, b] * v[t + 1] - v[t] for t in range(T)]
+        for t in range(T):
+            weight = 1.0
+            for k in range(t, T):
+                out[t, b] += weight * deltas[k]
+                weight *= float(discounts[k, b]) * lam
+    return out
+
+
+def test_gae_matches_the_papers_sum():
+    torch.manual_seed(0)
+    T, B = 7, 3
+    rewards = torch.randn(T, B, dtype=torch.float64)
+    discounts = 0.97 * (torch.rand(T, B) > 0.25).double()  # 0 where an episode ended
+    values, bootstrap = torch.randn(T, B, dtype=torch.float64), torch.randn(B, dtype=torch.float64)
+    for lam in (0.0, 0.9, 1.0):
+        ours = gae(rewards, discounts, values, bootstrap, lam)
+        assert torch.allclose(ours, gae_by_the_sum(rewards, discounts, values, bootstrap, lam))
+
+
+def agent_and_batch(**settings):
+    torch.manual_seed(1)
+    config = resolve([{"agent": "ppo", **settings}]).agent
+    agent = make_agent("ppo", DISCRETE, config, "cpu")
+    return agent, collect(agent, DISCRETE, num_envs=4, unroll=6), config
+
+
+def test_the_clipped_surrogate_matches_a_loop_over_the_paper():
+    """Schulman et al. 2017, eq. 7, with the ratio against the policy that acted."""
+    agent, batch, config = agent_and_batch(normalize_advantages=False, value_clip=0.1)
+    for _ in range(3):  # move the policy away from the one that acted, so ratios leave 1
+        agent.learn(batch)
+    targets = batch_targets(agent.network, batch, config)
+    terms, stats = ppo_loss(agent.network, batch, targets, config)
+    s = batch.steps
+    with torch.no_grad():
+        logits, values, _ = agent.network(
+            s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state
+        )
+    T, B = s["action"].shape[0] - 1, batch.batch_size
+    surrogate = value = clipped_count = 0.0
+    for t in range(T):
+        for b in range(B):
+            a = int(s["action"][t, b])
+            new = float(F.log_softmax(logits[t, b], -1)[a])
+            old = float(F.log_softmax(s["logits"][t, b], -1)[a])
+            ratio, adv = torch.tensor(new - old).exp().item(), float(targets["advantages"][t, b])
+            clipped = min(max(ratio, 0.8), 1.2)
+            surrogate += min(ratio * adv, clipped * adv)
+            clipped_count += abs(ratio - 1) > 0.2
+            ret, before = float(targets["returns"][t, b]), float(targets["values"][t, b])
+            v = float(values[t, b])
+            v_clipped = before + min(max(v - before, -0.1), 0.1)
+            value += max((v - ret) ** 2, (v_clipped - ret) ** 2)
+    n = T * B
+    assert terms["loss_policy"].detach().item() == pytest.approx(-surrogate / n, rel=1e-5)
+    assert terms["loss_baseline"].detach().item() == pytest.approx(0.5 * 0.5 * value / n, rel=1e-5)
+    assert stats["clip_fraction"] == pytest.approx(clipped_count / n)
+    assert 0 < stats["clip_fraction"] < 1
+
+
+def test_vtrace_advantages_on_policy_give_the_gae_returns():
+    """With the acting policy the learner's, V-trace's targets are GAE(lambda)'s returns."""
+    agent, batch, config = agent_and_batch(advantages="vtrace", td_lambda=0.9)
+    s = batch.steps
+    with torch.no_grad():
+        logits, _, _ = agent.network(
+            s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state
+        )
+    s["logits"] = logits  # on-policy: every importance weight is 1
+    vtrace = batch_targets(agent.network, batch, config)
+    config.advantages = "gae"
+    plain = batch_targets(agent.network, batch, config)
+    assert torch.allclose(vtrace["returns"], plain["returns"], atol=1e-5)
+
+
+def test_target_kl_stops_the_epochs_early():
+    agent, batch, _ = agent_and_batch(epochs=8, target_kl=1e-6, lr=1e-2)
+    agent.learn(batch)
+    assert agent.learn(batch)["epochs_run"] < 8
+    agent, batch, _ = agent_and_batch(epochs=3)
+    assert agent.learn(batch)["epochs_run"] == 3
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"epochs": 0}, "--epochs and --minibatches must be >= 1"),
+        ({"minibatches": 0}, "--epochs and --minibatches must be >= 1"),
+        ({"minibatches": 9, "batch": 8}, "--minibatches (9) must be <= --batch (8)"),
+        ({"clip_ratio": 0}, "--clip-ratio must be positive"),
+        ({"td_lambda": 1.5}, "--td-lambda must lie in [0, 1]"),
+        ({"value_clip": -1.0}, "--value-clip must be positive or none"),
+        ({"target_kl": 0.01, "learner_replicas": 2}, "--target-kl cannot be used with"),
+    ],
+)
+def test_invalid_settings_are_one_line(settings, message):
+    with pytest.raises(ConfigError) as caught:
+        resolve([{"agent": "ppo", **settings}])
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"inference": "local", "actor_precision": "int8", "hidden_sizes": "256,256"},
+        {"learner_replicas": 2},
+        {"lstm": True},
+    ],
+    ids=["local-int8", "replicated", "lstm"],
+)
+def test_ppo_runs_unchanged_on_every_layout(tmp_path, no_leaks, settings):
+    summary = train(resolve([tiny_settings(tmp_path / "run", agent="ppo", **settings)]))
+    assert summary["stop_reason"] == "total_frames" and summary["learner_steps"] > 0
+    if "learner_replicas" in settings:
+        assert summary["replicas_in_sync"] is True
+
+
+@pytest.mark.slow
+def test_ppo_solves_cartpole_within_budget(tmp_path, no_leaks):
+    settings = {
+        "agent": "ppo",
+        "run_dir": str(tmp_path / "run"),
+        "progress": False,
+        "target_return": 475.0,
+        "total_frames": 1_000_000,
+    }
+    summary = train(resolve([settings]))
+    assert summary["stop_reason"] == "target_return", summary
+    assert summary["target_reached_mean_return"] >= 475.0
