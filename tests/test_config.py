@@ -47,7 +47,7 @@ def test_saved_config_round_trips():
         ({"lr": "fast"}, "--lr: invalid value 'fast'"),
         ({"actros": 2}, "unknown setting 'actros'; did you mean actors?"),
         ({"device": "tpu"}, "--device: invalid value 'tpu'"),
-        ({"agent": "ppo"}, "unknown agent 'ppo'"),
+        ({"agent": "a3c"}, "unknown agent 'a3c'"),
         ({"resume": True}, "--resume needs --run-dir"),
         ({"country": "xx"}, "--country must be a 3-letter ISO code like USA or FRA, got 'xx'"),
         (

@@ -115,7 +115,6 @@ class TrainingRun:
         resume_from = self._prepare_run_dir()
         if resume_from is not None:
             self._restore(*resume_from)
-        self._row_frames = self.frames  # rows continue after the checkpoint's
         if self.replica.num_replicas > 1:
             for optimizer in _optimizers(self.agent):
                 self.replica.wrap_optimizer(optimizer)  # also copies replica 0's parameters
@@ -135,7 +134,9 @@ class TrainingRun:
         self._logger: RunLogger | None = None  # replica 0's, while running
         self._meter: EnergyMeter | None = None
         self._acc: _Window | None = None  # the learner metrics of the row being gathered
-        self._row_frames = 0  # the frame count of the last metrics row
+        # The frame count of the last metrics row: a resumed run's rows go on after its
+        # checkpoint's, which holds that row's counters.
+        self._row_frames = self.frames
         self._row_batches = np.zeros(2, np.int64)  # inference batches and envs since that row
         self._write_failed = False  # the run directory failed: nothing more is written
 
