@@ -22,6 +22,7 @@ import multiprocessing
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ from seedbed.transport.shm import PolicyBoard, SharedMemoryServer
 log = logging.getLogger(__name__)
 
 # How long an orderly stop (the final checkpoint, summary and plot) may take after the first
-# Ctrl-C before the run is ended at once; the slowest seen, Atari with energy on, took ~5 s.
+# Ctrl-C before the run is ended at once: far beyond a normal stop, it only bounds a hung one.
 STOP_GRACE_S = 120.0
 
 
@@ -306,7 +307,7 @@ class TrainingRun:
         processes.callback(supervisor.stop)
         processes.callback(self._stop_serving, stop, queue, serving)
         if self.primary:
-            try:
+            with self._writing():
                 self._logger = RunLogger(
                     self.run_dir,
                     total_frames=cfg.total_frames,
@@ -314,8 +315,6 @@ class TrainingRun:
                     progress=cfg.progress,
                     console=self.console,
                 )
-            except OSError as e:
-                raise self._unwritable(e) from None
         self._acc = _Window(self.wall_offset, self.agent.metric_names)
         # Replica 0 measures for all: CodeCarbon's machine mode counts the whole machine.
         self._meter = EnergyMeter(cfg.country, enabled=cfg.energy and self.primary)
@@ -354,6 +353,14 @@ class TrainingRun:
         except OSError as e:
             if not self._write_failed:
                 raise self._unwritable(e) from None
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Around a write to the run directory: its OSError becomes ``_unwritable``'s line."""
+        try:
+            yield
+        except OSError as e:
+            raise self._unwritable(e) from None
 
     def _unwritable(self, e: OSError) -> SeedbedError:
         """The one-line error for a run directory that failed mid-run (unwritable, full)."""
@@ -471,10 +478,7 @@ class TrainingRun:
             if checkpoint_now:
                 next_ckpt = now + cfg.checkpoint_every_s
                 if self.primary:
-                    try:
-                        self._save(now - start)
-                    except OSError as e:
-                        raise self._unwritable(e) from None
+                    self._save(now - start)
             watch.lap("logging_and_checkpoints")
 
     def _log(self, server, supervisor, elapsed: float) -> str | None:
@@ -505,10 +509,8 @@ class TrainingRun:
             }
             self._row_frames, self._row_batches = self.frames, np.zeros(2, np.int64)
             if self._logger is not None:
-                try:
+                with self._writing():
                     self._logger.log(row)
-                except OSError as e:
-                    raise self._unwritable(e) from None
         reached = (
             cfg.target_return is not None
             and mean_return is not None
@@ -561,12 +563,13 @@ class TrainingRun:
         return merged
 
     def _save(self, elapsed: float) -> Path:
-        return save_checkpoint(
-            self.checkpoints,
-            self.frames,
-            self._payload(self.wall_offset + elapsed),
-            self.config.train.keep_checkpoints + 1,
-        )
+        with self._writing():
+            return save_checkpoint(
+                self.checkpoints,
+                self.frames,
+                self._payload(self.wall_offset + elapsed),
+                self.config.train.keep_checkpoints + 1,
+            )
 
     def _finish(self, reason: str, elapsed: float) -> dict[str, Any] | None:
         cfg = self.config.train
@@ -575,10 +578,7 @@ class TrainingRun:
         if not self.primary:
             return None
         self._close_logger()
-        try:
-            checkpoint = self._save(elapsed)
-        except OSError as e:
-            raise self._unwritable(e) from None
+        checkpoint = self._save(elapsed)
         wall_s = self.wall_offset + elapsed
         dtype = getattr(self.agent.network, "torso_dtype", None)
         summary = {
@@ -624,10 +624,8 @@ class TrainingRun:
             "checkpoint": str(checkpoint),
             "run_dir": str(self.run_dir),
         }
-        try:
+        with self._writing():
             write_json_atomic(self.run_dir / "summary.json", summary)
-        except OSError as e:
-            raise self._unwritable(e) from None
         try:
             summary["curve"] = str(plot_curve(self.run_dir, cfg.target_return))
         except Exception as e:  # a plot must never lose a finished run

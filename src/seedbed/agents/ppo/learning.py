@@ -17,8 +17,7 @@ from torch.nn import functional as F
 
 from seedbed.agents.base import Unrolls, optimizer_step
 from seedbed.agents.ppo.config import PPOConfig
-from seedbed.agents.vtrace.learning import VTraceAgent, transition_targets
-from seedbed.agents.vtrace_targets import vtrace_from_logits
+from seedbed.agents.vtrace.learning import VTraceAgent, transition_targets, vtrace_targets
 from seedbed.nets import ActorCriticNet
 
 
@@ -55,26 +54,14 @@ def batch_targets(
         logits, values, _ = net(
             s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state
         )
-        rewards, discounts = transition_targets(s, values, config)
-        values, bootstrap = values[:-1], values[-1]
         if config.advantages == "vtrace":
-            targets, _ = vtrace_from_logits(
-                behaviour_logits=s["logits"][:-1],
-                target_logits=logits[:-1],
-                actions=s["action"][:-1],
-                discounts=discounts,
-                rewards=rewards,
-                values=values,
-                bootstrap_value=bootstrap,
-                clip_rho_threshold=config.clip_rho,
-                clip_pg_rho_threshold=config.clip_pg_rho,
-                clip_c_threshold=config.clip_c,
-                lambda_=config.td_lambda,
-            )
+            targets, _ = vtrace_targets(s, logits, values, config)
             advantages, returns = targets.pg_advantages, targets.vs
         else:
-            advantages = gae(rewards, discounts, values, bootstrap, config.td_lambda)
-            returns = advantages + values
+            rewards, discounts = transition_targets(s, values, config)
+            advantages = gae(rewards, discounts, values[:-1], values[-1], config.td_lambda)
+            returns = advantages + values[:-1]
+        values = values[:-1]
         acted = _log_prob(s["logits"][:-1], s["action"][:-1])
     return {"advantages": advantages, "returns": returns, "values": values, "acted": acted}
 

@@ -16,7 +16,7 @@ from seedbed.agents.base import (
     optimizer_step,
 )
 from seedbed.agents.vtrace.config import VTraceConfig
-from seedbed.agents.vtrace_targets import vtrace_from_logits
+from seedbed.agents.vtrace_targets import VTraceReturns, vtrace_from_logits
 from seedbed.envs import EnvSpec
 from seedbed.nets import ActorCriticNet, make_actor_critic, torso_dtype
 from seedbed.replay import UnrollQueue
@@ -57,6 +57,31 @@ def transition_targets(
     return rewards, discounts
 
 
+def vtrace_targets(
+    steps: dict[str, torch.Tensor],
+    logits: torch.Tensor,
+    values: torch.Tensor,
+    config: VTraceConfig,
+) -> tuple[VTraceReturns, torch.Tensor]:
+    """V-trace's targets for the T transitions of unrolls whose T + 1 steps the learner's
+    network gave ``logits`` and ``values``, as ``config`` sets them up; and the learner's
+    log-probabilities of the actions taken."""
+    rewards, discounts = transition_targets(steps, values, config)
+    return vtrace_from_logits(
+        behaviour_logits=steps["logits"][:-1],
+        target_logits=logits[:-1],
+        actions=steps["action"][:-1],
+        discounts=discounts,
+        rewards=rewards,
+        values=values[:-1],
+        bootstrap_value=values[-1],
+        clip_rho_threshold=config.clip_rho,
+        clip_pg_rho_threshold=config.clip_pg_rho,
+        clip_c_threshold=config.clip_c,
+        lambda_=config.td_lambda,
+    )
+
+
 def vtrace_loss(
     net: ActorCriticNet, batch: Unrolls, config: VTraceConfig
 ) -> dict[str, torch.Tensor]:
@@ -68,20 +93,7 @@ def vtrace_loss(
     """
     s = batch.steps
     logits, values, _ = net(s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state)
-    rewards, discounts = transition_targets(s, values, config)
-    targets, target_log_probs = vtrace_from_logits(
-        behaviour_logits=s["logits"][:-1],
-        target_logits=logits[:-1],
-        actions=s["action"][:-1],
-        discounts=discounts,
-        rewards=rewards,
-        values=values[:-1],
-        bootstrap_value=values[-1],
-        clip_rho_threshold=config.clip_rho,
-        clip_pg_rho_threshold=config.clip_pg_rho,
-        clip_c_threshold=config.clip_c,
-        lambda_=config.td_lambda,
-    )
+    targets, target_log_probs = vtrace_targets(s, logits, values, config)
     advantages = targets.pg_advantages
     if config.normalize_advantages:
         advantages = advantages / (advantages.std() + 1e-8)
