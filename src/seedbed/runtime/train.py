@@ -470,12 +470,14 @@ class TrainingRun:
             ).tolist()
             if stop_now:
                 return "interrupted"
+            row_frames = self._row_frames
             if log_now or checkpoint_now:  # a checkpoint keeps the counters of its row
                 next_log = now + cfg.log_every_s
                 reason = self._log(server, supervisor, now - start)
                 if reason:
                     return reason
-            if checkpoint_now:
+            # With no new row (no frames came), a due checkpoint waits for the next one.
+            if checkpoint_now and self._row_frames > row_frames:
                 next_ckpt = now + cfg.checkpoint_every_s
                 if self.primary:
                     self._save(now - start)
