@@ -92,10 +92,10 @@ def assert_kept(run: Path, tree: list[int], shm_before: set[str]) -> dict | None
             newest["frames"],
             newest["learner_steps"],
         )
-        assert (frames[-1], int(logged[-1]["learner_steps"])) == (
-            newest["frames"],
-            newest["learner_steps"],
-        )
+        # The final checkpoint follows the last row; with no frame after it, a few more
+        # learner steps may have been taken.
+        assert frames[-1] == newest["frames"]
+        assert int(logged[-1]["learner_steps"]) <= newest["learner_steps"]
     assert_nothing_left(tree, shm_before)
     return newest
 
