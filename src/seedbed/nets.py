@@ -15,6 +15,7 @@ from torch.nn import functional as F
 
 from seedbed.envs import EnvSpec
 from seedbed.errors import ConfigError
+from seedbed.normalize import ObsNormalizer, PopArtValue
 
 State = tuple[torch.Tensor, ...]
 
@@ -182,8 +183,42 @@ class LSTMCore(nn.Module):
         return torch.stack(outputs), (h, c)
 
 
+class GaussianHead(nn.Module):
+    """A Gaussian policy's parameters ``[..., 2A]``: a linear mean of the features, and a
+    log standard deviation that is one learned vector (state-independent, as PPO's MuJoCo agents
+    have it) or, with ``std_head``, a second linear head of the features."""
+
+    LOG_STD_RANGE = (-5.0, 2.0)  # std 0.007 to 7.4: no collapse to a point, no wild exploration
+
+    def __init__(
+        self, in_size: int, action_size: int, std_head: bool = False, init_log_std: float = 0.0
+    ) -> None:
+        super().__init__()
+        self.mean = nn.Linear(in_size, action_size)
+        # Small weights: every state starts near the same action, as with a uniform softmax.
+        nn.init.orthogonal_(self.mean.weight, gain=0.01)
+        nn.init.zeros_(self.mean.bias)
+        self.log_std: nn.Module | nn.Parameter
+        if std_head:
+            self.log_std = nn.Linear(in_size, action_size)
+            nn.init.zeros_(self.log_std.weight)
+            nn.init.constant_(self.log_std.bias, init_log_std)
+        else:
+            self.log_std = nn.Parameter(torch.full((action_size,), float(init_log_std)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = self.mean(x)
+        if isinstance(self.log_std, nn.Parameter):
+            log_std = self.log_std.expand_as(mean)
+        else:
+            log_std = self.log_std(x)
+        return torch.cat([mean, log_std.clamp(*self.LOG_STD_RANGE)], dim=-1)
+
+
 class ActorCriticNet(nn.Module):
-    """Torso, optional LSTM core (fed the previous action and reward), policy and value heads."""
+    """Optional observation normalizer, torso, optional LSTM core (fed the previous action and
+    reward), policy head (logits, or a Gaussian's parameters) and value head (PopArt's, or
+    plain)."""
 
     def __init__(
         self,
@@ -192,8 +227,16 @@ class ActorCriticNet(nn.Module):
         lstm_size: int | None,
         value_torso: nn.Module | None = None,
         torso_dtype: torch.dtype = torch.float32,
+        policy: nn.Module | None = None,
+        action_size: int | None = None,
+        obs_normalizer: ObsNormalizer | None = None,
+        popart_beta: float | None = None,
     ) -> None:
+        """``policy`` replaces the linear logits head (a ``GaussianHead`` for continuous
+        actions, which then have ``action_size`` dimensions); ``popart_beta`` makes the value
+        head PopArt's, its statistics moving at that rate."""
         super().__init__()
+        self.obs_norm = obs_normalizer
         self.torso = torso
         # bfloat16 torsos run under autocast (mixed precision): the parameters, the core, the
         # heads and every loss stay float32; only the torso's convolutions and matmuls drop.
@@ -202,13 +245,19 @@ class ActorCriticNet(nn.Module):
         # features; only feed-forward networks use one (a recurrent core is shared).
         self.value_torso = value_torso if lstm_size is None else None
         self.num_actions = num_actions
+        self.continuous = policy is not None
         core_in = torso.out_size
         self.core = None
         if lstm_size:
-            self.core = LSTMCore(core_in + num_actions + 1, lstm_size)
+            # The previous action goes in one-hot, or as it is when continuous.
+            action_in = action_size if self.continuous else num_actions
+            self.core = LSTMCore(core_in + action_in + 1, lstm_size)
             core_in = lstm_size
-        self.policy = nn.Linear(core_in, num_actions)
-        self.value = nn.Linear(core_in, 1)
+        self.policy = nn.Linear(core_in, num_actions) if policy is None else policy
+        if popart_beta is None:
+            self.value = nn.Linear(core_in, 1)
+        else:
+            self.value = PopArtValue(core_in, popart_beta)
 
     def initial_state(self, batch_size: int, device: torch.device | None = None) -> State:
         return () if self.core is None else self.core.initial_state(batch_size, device)
@@ -222,21 +271,27 @@ class ActorCriticNet(nn.Module):
         state: State,
         values: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None, State]:
-        """Inputs [T, B, ...] -> policy logits [T, B, A], values [T, B], next state.
+        """Inputs [T, B, ...] -> policy parameters [T, B, P] (logits, or a Gaussian's mean and
+        log-std), values [T, B], next state.
 
         ``values=False`` skips the value head (and a separate value torso): acting with a
-        policy gradient agent needs only the logits, and the value torso costs as much as the
+        policy gradient agent needs only the policy, and the value torso costs as much as the
         policy's.
         """
         steps, batch = obs.shape[:2]
         flat = obs.reshape(steps * batch, *obs.shape[2:])
+        if self.obs_norm is not None:
+            flat = self.obs_norm(flat)
         x = self._features(self.torso, flat).view(steps, batch, -1)
         if self.core is not None:
             # The previous action and reward belong to the last episode where a new one starts.
             keep = (~done).unsqueeze(-1).to(x.dtype)
-            one_hot = F.one_hot(prev_action, self.num_actions).to(x.dtype) * keep
+            if self.continuous:
+                acted = prev_action.reshape(steps, batch, -1).to(x.dtype) * keep
+            else:
+                acted = F.one_hot(prev_action, self.num_actions).to(x.dtype) * keep
             clipped = reward.clamp(-1.0, 1.0).unsqueeze(-1).to(x.dtype) * keep
-            x, state = self.core(torch.cat([x, one_hot, clipped], dim=-1), done, state)
+            x, state = self.core(torch.cat([x, acted, clipped], dim=-1), done, state)
         if not values:
             return self.policy(x), None, state
         v = x if self.value_torso is None else self._features(self.value_torso, flat)
@@ -281,17 +336,40 @@ def make_actor_critic(
     shared_torso: bool = True,
     torso: str = "mlp",
     torso_dtype: torch.dtype = torch.float32,
+    normalize_obs: bool = False,
+    popart_beta: float | None = None,
+    std_head: bool = False,
+    init_log_std: float = 0.0,
 ) -> ActorCriticNet:
-    """The actor-critic network for ``env_spec`` with torso ``torso``."""
+    """The actor-critic network for ``env_spec`` with torso ``torso``: logits for discrete
+    actions, a Gaussian (``std_head``, ``init_log_std``: see ``GaussianHead``) for continuous
+    ones; observations normalized by their running statistics if ``normalize_obs``; a PopArt
+    value head if ``popart_beta`` is set."""
     body = make_torso(torso, env_spec.obs_shape, hidden_sizes)
     value_torso = None if shared_torso else make_torso(torso, env_spec.obs_shape, hidden_sizes)
-    net = ActorCriticNet(body, env_spec.num_actions, lstm_size, value_torso, torso_dtype)
+    policy = action_size = None
+    if env_spec.continuous:
+        action_size = math.prod(env_spec.action_shape)
+        core_out = lstm_size or body.out_size
+        policy = GaussianHead(core_out, action_size, std_head, init_log_std)
+    net = ActorCriticNet(
+        body,
+        env_spec.num_actions,
+        lstm_size,
+        value_torso,
+        torso_dtype,
+        policy,
+        action_size,
+        ObsNormalizer(env_spec.obs_shape) if normalize_obs else None,
+        popart_beta,
+    )
     if torso != "mlp":
         # With the image torsos' orthogonal init, default heads start from a far-from-uniform
         # policy whose entropy bonus then drives features dead; start uniform instead, with
         # a unit-scale value head (as PPO implementations do). MLP defaults were tuned as is.
-        nn.init.orthogonal_(net.policy.weight, gain=0.01)
+        if policy is None:
+            nn.init.orthogonal_(net.policy.weight, gain=0.01)
+            nn.init.zeros_(net.policy.bias)
         nn.init.orthogonal_(net.value.weight, gain=getattr(body, "value_gain", 1.0))
-        nn.init.zeros_(net.policy.bias)
         nn.init.zeros_(net.value.bias)
     return net

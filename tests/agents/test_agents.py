@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from seedbed.agents import AGENTS, action_kind, config_class, make_agent
+from seedbed.agents import AGENTS, action_kinds, config_class, make_agent
 from seedbed.agents.base import StepInput
 from seedbed.config import resolve
 from seedbed.envs import EnvSpec
@@ -62,13 +62,17 @@ def collect(agent, spec: EnvSpec, num_envs: int = 4, unroll: int = 6):
     return unrolls
 
 
-@pytest.mark.parametrize("name", AGENTS)
+# Every agent, in every action space it acts in.
+AGENT_KINDS = [(name, kind) for name in AGENTS for kind in action_kinds(name)]
+
+
+@pytest.mark.parametrize(("name", "kind"), AGENT_KINDS)
 @pytest.mark.parametrize("lstm", [False, True])
-def test_agent_learns_and_checkpoints(name, lstm, tmp_path):
+def test_agent_learns_and_checkpoints(name, kind, lstm, tmp_path):
     if lstm and not hasattr(config_class(name), "lstm"):
         pytest.skip(f"{name} has no recurrent core")
     torch.manual_seed(0)
-    spec = SPECS[action_kind(name)]
+    spec = SPECS[kind]
     config = resolve([{"agent": name, "lstm": lstm} if lstm else {"agent": name}])
     agent = make_agent(name, spec, config.agent, "cpu")
     batch = collect(agent, spec)

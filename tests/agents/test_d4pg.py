@@ -182,7 +182,7 @@ def test_discrete_envs_are_refused_in_one_line():
     ):
         make_agent("d4pg", EnvSpec("CartPole-v1", (4,), "float32", 2), config, "cpu")
     dqn = resolve([{"agent": "dqn"}]).agent
-    with pytest.raises(ConfigError, match="needs discrete actions.*use --agent d4pg"):
+    with pytest.raises(ConfigError, match="needs discrete actions.*use --agent ppo or d4pg"):
         make_agent("dqn", SPEC, dqn, "cpu")
 
 

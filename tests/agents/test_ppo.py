@@ -3,16 +3,20 @@ that it learns, with central and local inference and a replicated learner."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.nn import functional as F
 
 from seedbed.agents import make_agent
+from seedbed.agents.policies import GaussianPolicy
 from seedbed.agents.ppo.learning import batch_targets, gae, ppo_loss
 from seedbed.config import resolve
+from seedbed.envs import EnvSpec
 from seedbed.errors import ConfigError
 from seedbed.runtime.train import train
-from tests.agents.test_agents import DISCRETE, collect
+from tests.agents.test_agents import CONTINUOUS, DISCRETE, collect
 from tests.conftest import tiny_settings
 
 
@@ -55,8 +59,8 @@ def test_the_clipped_surrogate_matches_a_loop_over_the_paper():
     agent, batch, config = agent_and_batch(normalize_advantages=False, value_clip=0.1)
     for _ in range(3):  # move the policy away from the one that acted, so ratios leave 1
         agent.learn(batch)
-    targets = batch_targets(agent.network, batch, config)
-    terms, stats = ppo_loss(agent.network, batch, targets, config)
+    targets = batch_targets(agent.network, batch, config, agent.policy)
+    terms, stats = ppo_loss(agent.network, batch, targets, config, agent.policy)
     s = batch.steps
     with torch.no_grad():
         logits, values, _ = agent.network(
@@ -93,10 +97,57 @@ def test_vtrace_advantages_on_policy_give_the_gae_returns():
             s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state
         )
     s["logits"] = logits  # on-policy: every importance weight is 1
-    vtrace = batch_targets(agent.network, batch, config)
+    vtrace = batch_targets(agent.network, batch, config, agent.policy)
     config.advantages = "gae"
-    plain = batch_targets(agent.network, batch, config)
+    plain = batch_targets(agent.network, batch, config, agent.policy)
     assert torch.allclose(vtrace["returns"], plain["returns"], atol=1e-5)
+
+
+def test_gaussian_scores_match_torch_distributions():
+    """Log-probabilities and entropies of the unbounded samples, against torch's Normal."""
+    torch.manual_seed(0)
+    policy = GaussianPolicy(CONTINUOUS, "clip")
+    params = torch.randn(7, 3, 4)  # [T, B, 2A] for A = 2
+    steps = {"sample": torch.randn(8, 3, 2) * 2}  # T + 1 steps, as in unrolls
+    mean, log_std = params[..., :2], params[..., 2:]
+    normal = torch.distributions.Normal(mean, log_std.exp())
+    want = normal.log_prob(steps["sample"][:7]).sum(-1)
+    torch.testing.assert_close(policy.log_prob(params, steps), want)
+    torch.testing.assert_close(policy.entropy(params), normal.entropy().sum(-1))
+
+
+@pytest.mark.parametrize("squash", ["clip", "tanh"])
+def test_gaussian_actions_stay_in_bounds_and_record_the_sample(squash):
+    torch.manual_seed(0)
+    policy = GaussianPolicy(CONTINUOUS, squash)  # bounds [-1, 1] and [-2, 2]
+    params = torch.cat([torch.full((5000, 2), 0.5), torch.full((5000, 2), 0.7)], -1)
+    action, extras = policy.sample(params)
+    assert action.shape == (5000, 2) and set(extras) == {"gaussian", "sample"}
+    assert (action.abs() <= torch.tensor([1.0, 2.0])).all()
+    u = extras["sample"]
+    assert u.mean(0).tolist() == pytest.approx([0.5, 0.5], abs=0.1)
+    assert u.std(0).tolist() == pytest.approx([math.exp(0.7)] * 2, rel=0.05)
+    high = torch.tensor([1.0, 2.0])
+    if squash == "clip":
+        torch.testing.assert_close(action, torch.maximum(torch.minimum(u, high), -high))
+    else:
+        torch.testing.assert_close(action, torch.tanh(u) * high)
+
+
+def test_tanh_squash_needs_bounded_actions():
+    inf = float("inf")
+    unbounded = EnvSpec(
+        "Free-v0",
+        (3,),
+        "float32",
+        0,
+        action_shape=(1,),
+        action_dtype="float32",
+        action_low=(-inf,),
+        action_high=(inf,),
+    )
+    with pytest.raises(ConfigError, match="needs bounded actions.*use --action-squash clip"):
+        GaussianPolicy(unbounded, "tanh")
 
 
 def test_target_kl_stops_the_epochs_early():
@@ -131,14 +182,33 @@ def test_invalid_settings_are_one_line(settings, message):
         {"inference": "local", "actor_precision": "int8", "hidden_sizes": "256,256"},
         {"learner_replicas": 2},
         {"lstm": True},
+        {"env": "Pendulum-v1", "inference": "local", "actor_precision": "int8", "lstm": True},
     ],
-    ids=["local-int8", "replicated", "lstm"],
+    ids=["local-int8", "replicated", "lstm", "gaussian-local-int8-lstm"],
 )
 def test_ppo_runs_unchanged_on_every_layout(tmp_path, no_leaks, settings):
     summary = train(resolve([tiny_settings(tmp_path / "run", agent="ppo", **settings)]))
     assert summary["stop_reason"] == "total_frames" and summary["learner_steps"] > 0
     if "learner_replicas" in settings:
         assert summary["replicas_in_sync"] is True
+
+
+@pytest.mark.slow
+def test_a_gaussian_ppo_swings_the_pendulum_up_within_budget(tmp_path, no_leaks):
+    """Pendulum-v1: a random policy scores about -1,200 an episode, a swing-up about -150.
+    Observations normalized, so the test also covers the normalizer in a learning run."""
+    settings = {
+        "env": "Pendulum-v1",
+        "agent": "ppo",
+        "normalize_obs": True,
+        "run_dir": str(tmp_path / "run"),
+        "progress": False,
+        "target_return": -400.0,
+        "total_frames": 500_000,
+    }
+    summary = train(resolve([settings]))
+    assert summary["stop_reason"] == "target_return", summary
+    assert summary["target_reached_mean_return"] >= -400.0
 
 
 @pytest.mark.slow

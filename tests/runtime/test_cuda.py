@@ -10,10 +10,10 @@ import importlib.util
 import pytest
 import torch
 
-from seedbed.agents import AGENTS, action_kind, config_class, make_agent
+from seedbed.agents import config_class, make_agent
 from seedbed.config import resolve
 from seedbed.runtime.train import train
-from tests.agents.test_agents import SPECS, collect
+from tests.agents.test_agents import AGENT_KINDS, SPECS, collect
 from tests.conftest import tiny_settings
 
 pytestmark = [
@@ -22,10 +22,10 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("name", AGENTS)
-def test_learning_step_on_cuda_matches_cpu(name):
+@pytest.mark.parametrize(("name", "kind"), AGENT_KINDS)
+def test_learning_step_on_cuda_matches_cpu(name, kind):
     torch.manual_seed(0)
-    spec = SPECS[action_kind(name)]
+    spec = SPECS[kind]
     recurrent = (
         {"lstm": True, "torso_dtype": "float32"} if hasattr(config_class(name), "lstm") else {}
     )

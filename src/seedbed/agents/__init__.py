@@ -37,19 +37,21 @@ def run_defaults(name: str, family: str) -> dict[str, Any]:
     return _family_table(name, "RUN_DEFAULTS", family)
 
 
-def action_kind(name: str) -> str:
-    """The actions agent ``name`` acts with: 'discrete' (the default) or 'continuous', as its
-    config module's ``ACTIONS`` says."""
+def action_kinds(name: str) -> tuple[str, ...]:
+    """The actions agent ``name`` can act with, 'discrete' (the default) and/or 'continuous', as
+    its config module's ``ACTIONS`` says."""
     check_agent(name)
-    return getattr(importlib.import_module(f"seedbed.agents.{name}.config"), "ACTIONS", "discrete")
+    kinds = getattr(importlib.import_module(f"seedbed.agents.{name}.config"), "ACTIONS", "discrete")
+    return (kinds,) if isinstance(kinds, str) else tuple(kinds)
 
 
 def check_actions(name: str, env_spec: Any) -> None:
     """A one-line ConfigError when agent ``name`` cannot act in ``env_spec``'s action space."""
-    needed = action_kind(name)
-    if env_spec.action_kind == needed:
+    kinds = action_kinds(name)
+    if env_spec.action_kind in kinds:
         return
-    fits = [a for a in AGENTS if action_kind(a) == env_spec.action_kind]
+    needed = " or ".join(kinds)
+    fits = [a for a in AGENTS if env_spec.action_kind in action_kinds(a)]
     choices = " or ".join(filter(None, [", ".join(fits[:-1]), fits[-1]]))
     raise ConfigError(
         f"--agent {name} needs {needed} actions, but {env_spec.env_id} has "

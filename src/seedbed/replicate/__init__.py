@@ -33,7 +33,12 @@ replica, with no process group. Gloo on CPUs, NCCL on GPUs. This package knows n
 from __future__ import annotations
 
 from seedbed.replicate.context import Op, ReplicaContext
-from seedbed.replicate.replicator import InputContext, Replicator, default_device
+from seedbed.replicate.replicator import (
+    InputContext,
+    Replicator,
+    default_device,
+    replica_context,
+)
 from seedbed.replicate.spawn import ReplicaError, run_script, spawn
 
 __all__ = [
@@ -43,6 +48,7 @@ __all__ = [
     "ReplicaError",
     "Replicator",
     "default_device",
+    "replica_context",
     "run_script",
     "spawn",
 ]

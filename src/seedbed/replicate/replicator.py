@@ -21,6 +21,16 @@ from seedbed.replicate.context import ReplicaContext
 from seedbed.replicate.spawn import DEFAULT_TIMEOUT_S, STORE_ENV, TIMEOUT_ENV, spawn
 
 _END = object()
+_current: ReplicaContext | None = None  # the open Replicator of this process, if any
+
+
+def replica_context() -> ReplicaContext:
+    """The replica this process runs as: its open ``Replicator``, else a group of one.
+
+    Code deep inside ``step_fn`` (an agent merging statistics) reaches its collectives here
+    without being handed the context, as TF-Replicator's ``get_replica_context`` does.
+    """
+    return _current or ReplicaContext(0, 1, torch.device("cpu"), False)
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,8 @@ class Replicator(ReplicaContext):
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         super().__init__(rank, world, dev, distributed)
+        global _current
+        _current = self
 
     spawn = staticmethod(spawn)
 
@@ -124,6 +136,9 @@ class Replicator(ReplicaContext):
 
     def close(self) -> None:
         """Leave the process group this Replicator joined (a no-op for one replica)."""
+        global _current
+        if _current is self:
+            _current = None
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_group = False

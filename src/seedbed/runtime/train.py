@@ -635,11 +635,13 @@ class TrainingRun:
         return summary
 
     def _replicas_in_sync(self) -> bool | None:
-        """Whether every replica ends with exactly replica 0's parameters (None: one replica)."""
+        """Whether every replica ends with exactly replica 0's parameters and statistics (an
+        observation normalizer's, PopArt's), None with one replica."""
         if self.replica.num_replicas == 1:
             return None
-        params = [p.detach().reshape(-1) for p in self.agent.network.parameters()]
-        gathered = self.replica.all_gather(torch.cat(params))
+        state = self.agent.network.state_dict().values()
+        values = [t.detach().reshape(-1).double() for t in state if t.is_floating_point()]
+        gathered = self.replica.all_gather(torch.cat(values))
         in_sync = bool((gathered == gathered[0]).all())
         if not in_sync:
             log.warning("the learner replicas' parameters differ; this is a bug, please report it")

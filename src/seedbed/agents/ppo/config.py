@@ -15,10 +15,11 @@ from seedbed.errors import ConfigError
 class PPOConfig(VTraceConfig):
     """PPO's settings: the V-trace agent's network, optimizer and loss weights, and its own.
 
-    PPO acts as V-trace does (it samples its softmax policy on the same networks); it differs in
-    how it learns from a batch: several epochs of shuffled minibatches, each a clipped-surrogate
-    step against the policy that acted (Schulman et al. 2017; with ``advantages=vtrace`` the
-    advantages are corrected for policy lag, as in Sample Factory's APPO).
+    PPO acts as V-trace does (it samples its policy on the same networks: a softmax, or a
+    Gaussian for continuous actions); it differs in how it learns from a batch: several epochs
+    of shuffled minibatches, each a clipped-surrogate step against the policy that acted
+    (Schulman et al. 2017; with ``advantages=vtrace`` the advantages are corrected for policy
+    lag, as in Sample Factory's APPO).
     """
 
     lr: float = setting(5e-4, "learning rate")
@@ -38,6 +39,14 @@ class PPOConfig(VTraceConfig):
     )
     target_kl: float | None = setting(
         None, "stop a batch's epochs early once the mean KL from the acting policy passes this"
+    )
+    # Continuous actions: a diagonal Gaussian policy (seedbed.agents.policies).
+    std_head: bool = setting(
+        False, "Gaussian policies: learn the log-std as a head of the features, not one vector"
+    )
+    init_log_std: float = setting(0.0, "Gaussian policies: the log-std the policy starts with")
+    action_squash: Literal["clip", "tanh"] = setting(
+        "clip", "Gaussian policies: bring samples into the action bounds by clipping, or tanh"
     )
 
     def validate(self) -> None:
@@ -70,6 +79,7 @@ class PPOConfig(VTraceConfig):
 
 
 CONFIG_CLASS = PPOConfig
+ACTIONS = ("discrete", "continuous")  # a softmax or a Gaussian policy, by the env's actions
 
 # V-trace's, for the same networks and preprocessing.
 FAMILY_DEFAULTS = VTRACE_FAMILY_DEFAULTS

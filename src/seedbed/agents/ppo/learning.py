@@ -5,7 +5,8 @@ minibatches of whole unrolls (so a recurrent core replays each sequence from its
 state). Advantages and value targets are computed once per batch, before its first update, with
 the network as it then is: GAE(lambda) (Schulman et al. 2016), or V-trace's, which also correct
 for the lag between the policy that acted and the learner's (``advantages=vtrace``). The ratio in
-the surrogate is taken against the policy that acted, whose logits the unrolls carry.
+the surrogate is taken against the policy that acted, whose parameters the unrolls carry
+(logits, or a Gaussian's mean and log-std: ``seedbed.agents.policies``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,20 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
 from seedbed.agents.base import Unrolls, optimizer_step
+from seedbed.agents.policies import Policy, make_policy
 from seedbed.agents.ppo.config import PPOConfig
-from seedbed.agents.vtrace.learning import VTraceAgent, transition_targets, vtrace_targets
+from seedbed.agents.vtrace.learning import (
+    VTraceAgent,
+    make_networks,
+    observe,
+    rescale_values,
+    transition_targets,
+    value_scale,
+    vtrace_targets,
+)
+from seedbed.envs import EnvSpec
 from seedbed.nets import ActorCriticNet
 
 
@@ -45,37 +55,41 @@ def gae(
 
 
 def batch_targets(
-    net: ActorCriticNet, batch: Unrolls, config: PPOConfig
+    net: ActorCriticNet, batch: Unrolls, config: PPOConfig, policy: Policy
 ) -> dict[str, torch.Tensor]:
     """What every minibatch of ``batch`` is learned against, each ``[T, B]``: advantages, value
     targets, the values before the update and the acting policy's log-probabilities."""
     s = batch.steps
     with torch.no_grad():
-        logits, values, _ = net(
+        params, values, _ = net(
             s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state
         )
         if config.advantages == "vtrace":
-            targets, _ = vtrace_targets(s, logits, values, config)
+            targets, _ = vtrace_targets(s, params, values, config, policy)
             advantages, returns = targets.pg_advantages, targets.vs
         else:
             rewards, discounts = transition_targets(s, values, config)
             advantages = gae(rewards, discounts, values[:-1], values[-1], config.td_lambda)
             returns = advantages + values[:-1]
         values = values[:-1]
-        acted = _log_prob(s["logits"][:-1], s["action"][:-1])
+        acted = policy.log_prob(policy.behaviour(s)[:-1], s)
     return {"advantages": advantages, "returns": returns, "values": values, "acted": acted}
 
 
 def ppo_loss(
-    net: ActorCriticNet, batch: Unrolls, targets: dict[str, torch.Tensor], config: PPOConfig
+    net: ActorCriticNet,
+    batch: Unrolls,
+    targets: dict[str, torch.Tensor],
+    config: PPOConfig,
+    policy: Policy,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """PPO's loss on (a minibatch of) unrolls, as named terms whose sum is minimised, and its
-    diagnostics: the approximate KL from the acting policy and the fraction of clipped ratios."""
+    diagnostics: the approximate KL from the acting policy and the fraction of clipped ratios.
+    With PopArt, value errors are measured in units of the targets' running deviation."""
     s = batch.steps
-    logits, values, _ = net(s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state)
-    logits, values = logits[:-1], values[:-1]
-    log_policy = F.log_softmax(logits, dim=-1)
-    log_ratio = log_policy.gather(-1, s["action"][:-1, ..., None]).squeeze(-1) - targets["acted"]
+    params, values, _ = net(s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state)
+    params, values = params[:-1], values[:-1]
+    log_ratio = policy.log_prob(params, s) - targets["acted"]
     ratio = log_ratio.exp()
     advantages = targets["advantages"]
     if config.normalize_advantages:
@@ -87,11 +101,10 @@ def ppo_loss(
         before = targets["values"]
         clipped = before + (values - before).clamp(-config.value_clip, config.value_clip)
         value_error = torch.max(value_error, (clipped - targets["returns"]).pow(2))
-    entropy = -(log_policy.exp() * log_policy).sum(-1).mean()
     terms = {
         "loss_policy": -surrogate.mean(),
-        "loss_baseline": config.baseline_cost * 0.5 * value_error.mean(),
-        "loss_entropy": -config.entropy_cost * entropy,
+        "loss_baseline": config.baseline_cost * 0.5 * (value_error / value_scale(net) ** 2).mean(),
+        "loss_entropy": -config.entropy_cost * policy.entropy(params).mean(),
     }
     with torch.no_grad():  # Schulman's low-variance estimator of KL(acting || current)
         stats = {
@@ -99,10 +112,6 @@ def ppo_loss(
             "clip_fraction": float(((ratio - 1).abs() > eps).float().mean()),
         }
     return terms, stats
-
-
-def _log_prob(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-    return F.log_softmax(logits, dim=-1).gather(-1, actions[..., None]).squeeze(-1)
 
 
 def _select(batch: Unrolls, rows: torch.Tensor) -> Unrolls:
@@ -115,7 +124,8 @@ def _select(batch: Unrolls, rows: torch.Tensor) -> Unrolls:
 
 
 class PPOAgent(VTraceAgent):
-    """Acts as the V-trace agent does; learns each batch over several epochs of minibatches."""
+    """Acts as the V-trace agent does (with a Gaussian policy for continuous actions); learns
+    each batch over several epochs of minibatches."""
 
     metric_names = (
         "loss",
@@ -136,12 +146,23 @@ class PPOAgent(VTraceAgent):
         # (and a reloaded agent) shuffles as the original would have.
         self.shuffles = torch.Generator().manual_seed(int(torch.randint(2**62, ())))
 
+    def make_policy(self, env_spec: EnvSpec) -> Policy:
+        return make_policy(env_spec, self.config.action_squash)
+
+    def make_network(self, env_spec: EnvSpec) -> ActorCriticNet:
+        cfg = self.config
+        head = {"std_head": cfg.std_head, "init_log_std": cfg.init_log_std}
+        return make_networks(env_spec, cfg, self.device, **head)
+
     def learn(self, batch: Unrolls) -> dict[str, float]:
         """``epochs`` passes of ``minibatches`` optimizer steps over ``batch``; returns the
         metrics averaged over those steps, and how many epochs ran (``target_kl`` may stop
-        them early)."""
+        them early). The normalizers take in the batch first: the observations, then (with
+        the targets computed) PopArt's statistics, so all its epochs see the same ones."""
         cfg = self.config
-        targets = batch_targets(self.network, batch, cfg)
+        observe(self.network, batch)
+        targets = batch_targets(self.network, batch, cfg, self.policy)
+        rescale_values(self.network, targets["returns"])
         sums: dict[str, float] = {}
         steps = epochs = 0
         for _ in range(cfg.epochs):
@@ -150,7 +171,8 @@ class PPOAgent(VTraceAgent):
             chunks = order.chunk(cfg.minibatches)
             for rows in chunks:
                 minibatch = {k: v[:, rows] for k, v in targets.items()}
-                terms, stats = ppo_loss(self.network, _select(batch, rows), minibatch, cfg)
+                part = _select(batch, rows)
+                terms, stats = ppo_loss(self.network, part, minibatch, cfg, self.policy)
                 metrics = optimizer_step(self.network, self.optimizer, terms, cfg.max_grad_norm)
                 for key, value in {**metrics, **stats}.items():
                     sums[key] = sums.get(key, 0.0) + value

@@ -50,6 +50,13 @@ class VTraceConfig:
     )
     lstm: bool = setting(False, "add an LSTM core fed with the previous action and reward")
     lstm_size: int = setting(64, "LSTM hidden units")
+    normalize_obs: bool = setting(
+        False, "normalize observations by their running mean and variance (clipped to +-5)"
+    )
+    popart: bool = setting(
+        False, "PopArt: learn values normalized by the running mean and std of their targets"
+    )
+    popart_beta: float = setting(3e-4, "step size of PopArt's statistics, per learner update")
 
     def validate(self) -> None:
         """Raise ConfigError on a value that cannot work."""
@@ -62,6 +69,8 @@ class VTraceConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")
         if self.baseline_cost < 0 or self.entropy_cost < 0:
             raise ConfigError("--baseline-cost and --entropy-cost must be >= 0")
+        if not 0.0 < self.popart_beta <= 1.0:
+            raise ConfigError(f"--popart-beta must lie in (0, 1], got {self.popart_beta}")
         if not self.hidden_sizes or min(self.hidden_sizes) <= 0:
             raise ConfigError("--hidden-sizes needs one or more positive widths, e.g. 64,64")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
 from seedbed.agents.base import (
     ActOutput,
@@ -15,17 +14,26 @@ from seedbed.agents.base import (
     acting_copy,
     optimizer_step,
 )
+from seedbed.agents.policies import CategoricalPolicy, Policy
 from seedbed.agents.vtrace.config import VTraceConfig
-from seedbed.agents.vtrace_targets import VTraceReturns, vtrace_from_logits
+from seedbed.agents.vtrace_targets import VTraceReturns, vtrace_from_importance_weights
 from seedbed.envs import EnvSpec
 from seedbed.nets import ActorCriticNet, make_actor_critic, torso_dtype
+from seedbed.normalize import PopArtValue
 from seedbed.replay import UnrollQueue
+from seedbed.replicate import replica_context
+
+CATEGORICAL = CategoricalPolicy()
 
 
 def make_networks(
-    env_spec: EnvSpec, config: VTraceConfig, device: torch.device | str = "cpu"
+    env_spec: EnvSpec,
+    config: VTraceConfig,
+    device: torch.device | str = "cpu",
+    **policy_head: Any,
 ) -> ActorCriticNet:
-    """The actor-critic network V-trace learns, to run on ``device``."""
+    """The actor-critic network V-trace learns, to run on ``device``; ``policy_head`` goes to
+    ``make_actor_critic`` (a Gaussian's settings, for continuous actions)."""
     lstm_size = config.lstm_size if config.lstm else None
     return make_actor_critic(
         env_spec,
@@ -34,7 +42,33 @@ def make_networks(
         config.shared_torso,
         config.torso,
         torso_dtype(config.torso_dtype, torch.device(device)),
+        normalize_obs=config.normalize_obs,
+        popart_beta=config.popart_beta if config.popart else None,
+        **policy_head,
     )
+
+
+def over_replicas(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Sums over a replicated learner's replicas (the same tensors on one)."""
+    return replica_context().all_reduce(tensors, "sum")
+
+
+def observe(net: ActorCriticNet, batch: Unrolls) -> None:
+    """Merge the batch's observations (all replicas') into the network's normalizer, if any;
+    each step once (the last one is the next unroll's first)."""
+    if net.obs_norm is not None:
+        net.obs_norm.update(batch.steps["obs"][:-1], over_replicas)
+
+
+def value_scale(net: ActorCriticNet) -> torch.Tensor | float:
+    """PopArt's sigma, by which value errors and advantages are divided; 1 without PopArt."""
+    return net.value.sigma if isinstance(net.value, PopArtValue) else 1.0
+
+
+def rescale_values(net: ActorCriticNet, targets: torch.Tensor) -> None:
+    """Move PopArt's statistics towards this batch's value targets (all replicas'), if any."""
+    if isinstance(net.value, PopArtValue):
+        net.value.update(targets, over_replicas)
 
 
 def transition_targets(
@@ -59,18 +93,19 @@ def transition_targets(
 
 def vtrace_targets(
     steps: dict[str, torch.Tensor],
-    logits: torch.Tensor,
+    params: torch.Tensor,
     values: torch.Tensor,
     config: VTraceConfig,
+    policy: Policy = CATEGORICAL,
 ) -> tuple[VTraceReturns, torch.Tensor]:
     """V-trace's targets for the T transitions of unrolls whose T + 1 steps the learner's
-    network gave ``logits`` and ``values``, as ``config`` sets them up; and the learner's
-    log-probabilities of the actions taken."""
+    network gave policy parameters ``params`` (of ``policy``) and ``values``, as ``config``
+    sets them up; and the learner's log-probabilities of the actions taken (with gradient)."""
     rewards, discounts = transition_targets(steps, values, config)
-    return vtrace_from_logits(
-        behaviour_logits=steps["logits"][:-1],
-        target_logits=logits[:-1],
-        actions=steps["action"][:-1],
+    log_probs = policy.log_prob(params[:-1], steps)
+    behaviour = policy.log_prob(policy.behaviour(steps)[:-1], steps)
+    returns = vtrace_from_importance_weights(
+        log_rhos=log_probs.detach() - behaviour,
         discounts=discounts,
         rewards=rewards,
         values=values[:-1],
@@ -80,30 +115,34 @@ def vtrace_targets(
         clip_c_threshold=config.clip_c,
         lambda_=config.td_lambda,
     )
+    return returns, log_probs
 
 
 def vtrace_loss(
     net: ActorCriticNet, batch: Unrolls, config: VTraceConfig
-) -> dict[str, torch.Tensor]:
-    """IMPALA's loss on a batch of unrolls, as named terms whose sum is minimised.
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """IMPALA's loss on a batch of unrolls, as named terms whose sum is minimised, and the
+    value targets ``[T, B]``.
 
     Step t of an unroll holds the observation and the action taken there; step t + 1 holds the
     reward for that action and whether the episode ended, so transitions pair ``[:-1]`` with
-    ``[1:]`` and the last step's value bootstraps the returns.
+    ``[1:]`` and the last step's value bootstraps the returns. With PopArt, value errors and
+    advantages are measured in units of the targets' running standard deviation.
     """
     s = batch.steps
     logits, values, _ = net(s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state)
     targets, target_log_probs = vtrace_targets(s, logits, values, config)
-    advantages = targets.pg_advantages
+    scale = value_scale(net)
+    advantages = targets.pg_advantages / scale
     if config.normalize_advantages:
         advantages = advantages / (advantages.std() + 1e-8)
-    log_policy = F.log_softmax(logits[:-1], dim=-1)
-    entropy = -(log_policy.exp() * log_policy).sum(-1).mean()
-    return {
+    value_error = ((targets.vs - values[:-1]) / scale).pow(2)
+    terms = {
         "loss_policy": -(target_log_probs * advantages).mean(),
-        "loss_baseline": config.baseline_cost * 0.5 * (targets.vs - values[:-1]).pow(2).mean(),
-        "loss_entropy": -config.entropy_cost * entropy,
+        "loss_baseline": config.baseline_cost * 0.5 * value_error.mean(),
+        "loss_entropy": -config.entropy_cost * CATEGORICAL.entropy(logits[:-1]).mean(),
     }
+    return terms, targets.vs
 
 
 class VTraceAgent:
@@ -121,7 +160,8 @@ class VTraceAgent:
     ) -> None:
         self.config = config
         self.device = torch.device(device)
-        self.network = make_networks(env_spec, config, self.device).to(self.device)
+        self.policy = self.make_policy(env_spec)
+        self.network = self.make_network(env_spec).to(self.device)
         params = self.network.parameters()
         if config.optimizer == "adam":
             # The fused kernel updates all parameters in one op: for small networks the
@@ -131,6 +171,13 @@ class VTraceAgent:
             self.optimizer = torch.optim.RMSprop(
                 params, lr=config.lr, alpha=config.rmsprop_alpha, eps=config.rmsprop_eps
             )
+
+    def make_policy(self, env_spec: EnvSpec) -> Policy:
+        """The action distribution: a softmax over the logits."""
+        return CATEGORICAL
+
+    def make_network(self, env_spec: EnvSpec) -> ActorCriticNet:
+        return make_networks(env_spec, self.config, self.device)
 
     def unroll_layout(self, unroll: int) -> tuple[int, int]:
         """Unrolls of ``unroll`` steps; consecutive ones share one (it bootstraps the first)."""
@@ -148,8 +195,8 @@ class VTraceAgent:
 
     @torch.no_grad()
     def act(self, net: ActorCriticNet, step: StepInput, state: State) -> ActOutput:
-        """Sample an action per environment from the policy (Gumbel-max on the logits)."""
-        logits, _, state = net(
+        """Sample an action per environment from the policy."""
+        params, _, state = net(
             step.obs[None],
             step.prev_action[None],
             step.reward[None],
@@ -157,15 +204,18 @@ class VTraceAgent:
             state,
             values=False,  # acting needs only the policy
         )
-        logits = logits[0]
-        gumbel = -torch.empty_like(logits).exponential_().log()
-        action = (logits + gumbel).argmax(-1)
-        return ActOutput(action, {"logits": logits}, state)
+        action, extras = self.policy.sample(params[0])
+        return ActOutput(action, extras, state)
 
     def learn(self, batch: Unrolls) -> dict[str, float]:
-        """One optimizer step on ``batch``; returns the loss terms and diagnostics."""
-        terms = vtrace_loss(self.network, batch, self.config)
-        return optimizer_step(self.network, self.optimizer, terms, self.config.max_grad_norm)
+        """One optimizer step on ``batch``; returns the loss terms and diagnostics. The
+        normalizers' statistics take in the batch: observations before the step, PopArt's value
+        targets after it (moving them earlier would change weights the step's gradient reads)."""
+        observe(self.network, batch)
+        terms, value_targets = vtrace_loss(self.network, batch, self.config)
+        metrics = optimizer_step(self.network, self.optimizer, terms, self.config.max_grad_norm)
+        rescale_values(self.network, value_targets)
+        return metrics
 
     def state_dict(self) -> dict[str, Any]:
         return {"network": self.network.state_dict(), "optimizer": self.optimizer.state_dict()}

@@ -1,0 +1,98 @@
+"""Running statistics a network normalizes with: observations, and PopArt's value targets.
+
+Both live in the network's buffers, so checkpoints, acting copies, policy broadcasts and
+evaluation carry them with the weights, and every place that acts normalizes alike. The learner
+updates them from each batch it learns from; on a replicated learner ``reduce`` sums the batch's
+moments over replicas first (``ReplicaContext.all_reduce``), so each replica makes the same update
+and the replicas stay identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+# Sums a list of tensors element-wise over learner replicas; the identity on one.
+Reduce = Callable[[list[torch.Tensor]], list[torch.Tensor]]
+
+
+def _alone(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return tensors
+
+
+class ObsNormalizer(nn.Module):
+    """Observations less their running mean, over their running standard deviation, clipped.
+
+    The mean and variance are those of every observation given to ``update`` so far, merged
+    batch by batch (Chan et al. 1979), exactly what one pass over all of them would give.
+    """
+
+    def __init__(self, obs_shape: tuple[int, ...], clip: float = 5.0, eps: float = 1e-8) -> None:
+        super().__init__()
+        self.clip, self.eps = clip, eps
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("mean", torch.zeros(obs_shape))
+        self.register_buffer("var", torch.ones(obs_shape))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """[N, *obs_shape] in any dtype -> float32, normalized."""
+        scaled = (obs.float() - self.mean) * torch.rsqrt(self.var + self.eps)
+        return scaled.clamp_(-self.clip, self.clip)
+
+    @torch.no_grad()
+    def update(self, obs: torch.Tensor, reduce: Reduce = _alone) -> None:
+        """Merge observations ``[..., *obs_shape]`` (over every replica) into the statistics."""
+        x = obs.reshape(-1, *self.mean.shape).double()
+        count, total, squares = reduce([x.new_tensor(len(x)), x.sum(0), x.pow(2).sum(0)])
+        if count <= 0:
+            return
+        batch_mean = total / count
+        batch_var = (squares / count - batch_mean.pow(2)).clamp_min(0.0)
+        old, mean, var = self.count, self.mean.double(), self.var.double()
+        new = old + count
+        delta = batch_mean - mean
+        self.mean.copy_(mean + delta * (count / new))
+        self.var.copy_((var * old + batch_var * count + delta.pow(2) * (old * count / new)) / new)
+        self.count.copy_(new)
+
+
+class PopArtValue(nn.Linear):
+    """A value head whose output is ``sigma * (w x + b) + mu``: the normalized value, rescaled by
+    running estimates of the value targets' mean ``mu`` and standard deviation ``sigma``.
+
+    PopArt (van Hasselt et al. 2016; Hessel et al. 2019): ``update`` moves ``mu`` and ``sigma``
+    towards a batch of targets ("adaptively rescaling targets") and changes ``w`` and ``b`` so
+    that every output stays what it was ("preserving outputs precisely"). The value loss divided
+    by ``sigma ** 2`` is then the loss of the normalized value, whose scale does not depend on the
+    task's rewards.
+    """
+
+    def __init__(self, in_features: int, beta: float = 3e-4) -> None:
+        super().__init__(in_features, 1)
+        self.beta = beta
+        self.register_buffer("mu", torch.zeros(()))
+        self.register_buffer("nu", torch.ones(()))  # the targets' running second moment
+
+    @property
+    def sigma(self) -> torch.Tensor:
+        return (self.nu - self.mu.pow(2)).clamp_min(1e-8).sqrt().clamp(1e-4, 1e6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * self.sigma + self.mu
+
+    @torch.no_grad()
+    def update(self, targets: torch.Tensor, reduce: Reduce = _alone) -> None:
+        """Move the statistics a step of ``beta`` towards the (all replicas') batch of value
+        targets, keeping every output as it was."""
+        t = targets.detach().double().reshape(-1)
+        count, total, squares = reduce([t.new_tensor(len(t)), t.sum(), t.pow(2).sum()])
+        if count <= 0:
+            return
+        old_mu, old_sigma = self.mu.clone(), self.sigma.clone()
+        self.mu.lerp_((total / count).float(), self.beta)
+        self.nu.lerp_((squares / count).float(), self.beta)
+        sigma = self.sigma
+        self.weight.mul_(old_sigma / sigma)
+        self.bias.mul_(old_sigma).add_(old_mu - self.mu).div_(sigma)
