@@ -5,12 +5,18 @@
 at the carbon intensity of ``country``'s grid. The meter never fails a run: if CodeCarbon cannot
 start or measure, it logs one warning and the figures are None. Nothing is written to disk and
 nothing goes over the network.
+
+CodeCarbon takes 1-2 s to start (it detects the hardware), which a user would wait for before
+the first frame: ``start()`` returns at once and CodeCarbon starts on a thread meanwhile, so the
+figures leave out the run's first second or two; ``stop()`` says how long (``unmeasured_s``).
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
+import threading
+import time
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -36,11 +42,18 @@ class EnergyMeter:
         self.enabled = enabled
         self._tracker: Any = None
         self._scratch: tempfile.TemporaryDirectory | None = None
+        self._starting: threading.Thread | None = None
+        self._asked_at = self._measuring_at = 0.0
 
     def start(self) -> None:
-        """Start measuring; slow-ish (about 1-2 s to detect the hardware the first time)."""
+        """Start measuring, on a thread: CodeCarbon's start takes 1-2 s."""
         if not self.enabled:
             return
+        self._asked_at = time.monotonic()
+        self._starting = threading.Thread(target=self._start, name="energy-meter", daemon=True)
+        self._starting.start()
+
+    def _start(self) -> None:
         try:
             import codecarbon
             from codecarbon.input import DataSource
@@ -60,6 +73,7 @@ class EnergyMeter:
                 log_level="error",
             )
             self._tracker.start()
+            self._measuring_at = time.monotonic()
         except Exception as e:  # energy figures must never break a run
             log.warning("CodeCarbon could not start; no energy figures this run: %s", e)
             self._close()
@@ -68,6 +82,8 @@ class EnergyMeter:
         """Stop measuring; the figures, None fields if measuring failed, or None if disabled."""
         if not self.enabled:
             return None
+        if self._starting is not None:
+            self._starting.join()
         result: dict[str, Any] = {
             "energy_kwh": None,
             "emissions_kg_co2e": None,
@@ -75,6 +91,7 @@ class EnergyMeter:
             "power": "estimated",
             "method": "none",
             "caveat": "CodeCarbon could not measure this run",
+            "unmeasured_s": None,  # the session's first seconds, while CodeCarbon started
         }
         if self._tracker is None:
             return result
@@ -88,6 +105,7 @@ class EnergyMeter:
                 power="measured" if measured else "estimated",
                 method=method,
                 caveat=None if measured else _CAVEAT,
+                unmeasured_s=round(self._measuring_at - self._asked_at, 2),
             )
         except Exception as e:
             log.warning("CodeCarbon could not measure this run: %s", e)

@@ -318,8 +318,8 @@ class TrainingRun:
         self._acc = _Window(self.wall_offset, self.agent.metric_names)
         # Replica 0 measures for all: CodeCarbon's machine mode counts the whole machine.
         self._meter = EnergyMeter(cfg.country, enabled=cfg.energy and self.primary)
-        self._meter.start()  # this session only: a resumed run measures from here
-        start = time.perf_counter()  # the wall clock leaves out the meter's ~1 s start
+        self._meter.start()  # this session only; returns at once, CodeCarbon starts meanwhile
+        start = time.perf_counter()
         self.started_at = time.time()
         supervisor.start()
         serving.start()
