@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import secrets
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -133,6 +134,18 @@ class EpisodeWindow:
         self._count = int(d["count"])
 
 
+_excepthook = threading.excepthook  # the one _quiet_writer_thread hands other errors to
+
+
+def _quiet_writer_thread(args: threading.ExceptHookArgs) -> None:
+    """Leave out the traceback of TensorBoard's writer thread when a write fails (a full disk):
+    it keeps the error for the next write from the run's thread, where it becomes the run's
+    one-line message; its own traceback would only bury that line."""
+    if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
+        return
+    _excepthook(args)
+
+
 class RunLogger:
     """Writes metrics.csv and TensorBoard events in run_dir and drives the console progress display.
 
@@ -186,6 +199,9 @@ class RunLogger:
         purge = None if resume_frames is None else resume_frames + 1
         self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge)
         self._last_tb_flush = time.monotonic()
+        if threading.excepthook is not _quiet_writer_thread:
+            global _excepthook
+            _excepthook, threading.excepthook = threading.excepthook, _quiet_writer_thread
 
         self._last_frames: int | None = None
         self._last_wall: float | None = None
