@@ -11,13 +11,18 @@ from seedbed.errors import ConfigError
 
 def test_defaults_are_the_embedded_cartpole_run():
     config = resolve([{}])
-    assert config.train.env == "CartPole-v1" and config.train.agent == "vtrace"
+    assert config.train.env == "CartPole-v1" and config.train.agent == "ppo"
     assert config.train.target_return == 475.0
+    assert config.agent.normalize_obs and (config.agent.epochs, config.agent.lr) == (2, 2e-3)
+    assert resolve([{"env": "atari:Pong"}]).train.agent == "vtrace"  # other families' default
+    assert resolve([{"env": "HalfCheetah-v5"}]).train.agent == "ppo"
+    vtrace = resolve([{"agent": "vtrace"}])  # chosen, it keeps its own settings
+    assert vtrace.agent.lr == 1.4e-3 and not vtrace.agent.normalize_obs
 
 
 def test_later_layers_win_and_agent_settings_nest(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"actors": 3, "lr": 0.1, "vtrace": {"discount": 0.9}}))
+    path.write_text(yaml.safe_dump({"actors": 3, "lr": 0.1, "ppo": {"discount": 0.9}}))
     config = resolve([load_yaml(path), {"lr": "0.5", "lstm": True}])
     assert config.train.actors == 3
     assert config.agent.lr == 0.5 and config.agent.discount == 0.9 and config.agent.lstm

@@ -81,5 +81,12 @@ class PPOConfig(VTraceConfig):
 CONFIG_CLASS = PPOConfig
 ACTIONS = ("discrete", "continuous")  # a softmax or a Gaussian policy, by the env's actions
 
-# V-trace's, for the same networks and preprocessing.
-FAMILY_DEFAULTS = VTRACE_FAMILY_DEFAULTS
+# V-trace's, for the same networks and preprocessing; and for Gymnasium's classic tasks, what
+# reached CartPole's 475 soonest from the command's start (docs/benchmarks.md: 2 epochs of 2
+# minibatches at 2e-3 ran at 27k frames/s and needed 130-200k frames; 4 x 4 at 5e-4 needed as
+# many but ran at 15k, the learner's Python holding the interpreter that inference needs).
+FAMILY_DEFAULTS = {
+    **VTRACE_FAMILY_DEFAULTS,
+    "classic": {"normalize_obs": True, "epochs": 2, "minibatches": 2, "lr": 2e-3},
+    "mujoco": {"normalize_obs": True},
+}
