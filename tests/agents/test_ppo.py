@@ -164,6 +164,10 @@ def test_target_kl_stops_the_epochs_early():
         ({"epochs": 0}, "--epochs and --minibatches must be >= 1"),
         ({"minibatches": 0}, "--epochs and --minibatches must be >= 1"),
         ({"minibatches": 9, "batch": 8}, "--minibatches (9) must be <= --batch (8)"),
+        (
+            {"minibatches": 4, "batch": 4, "learner_replicas": 2},
+            "--minibatches (4) must be <= --batch (4 / --learner-replicas = 2)",
+        ),
         ({"clip_ratio": 0}, "--clip-ratio must be positive"),
         ({"td_lambda": 1.5}, "--td-lambda must lie in [0, 1]"),
         ({"value_clip": -1.0}, "--value-clip must be positive or none"),

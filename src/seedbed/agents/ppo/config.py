@@ -71,10 +71,12 @@ class PPOConfig(VTraceConfig):
                 "--target-kl cannot be used with --learner-replicas > 1: each replica would stop "
                 "its epochs at its own step; leave it none"
             )
-        if self.minibatches > train.batch:
+        share = train.replica_shard(0).batch  # what each replica learns from
+        if self.minibatches > share:
+            where = f" / --learner-replicas = {share}" if share != train.batch else ""
             raise ConfigError(
-                f"--minibatches ({self.minibatches}) must be <= --batch ({train.batch}): a "
-                "minibatch holds whole unrolls"
+                f"--minibatches ({self.minibatches}) must be <= --batch ({train.batch}{where}): "
+                "a minibatch holds whole unrolls"
             )
 
 
