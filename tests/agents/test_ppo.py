@@ -200,7 +200,9 @@ def test_ppo_runs_unchanged_on_every_layout(tmp_path, no_leaks, settings):
 @pytest.mark.slow
 def test_a_gaussian_ppo_swings_the_pendulum_up_within_budget(tmp_path, no_leaks):
     """Pendulum-v1: a random policy scores about -1,200 an episode, a swing-up about -150.
-    Observations normalized, so the test also covers the normalizer in a learning run."""
+    Observations normalized, so the test also covers the normalizer in a learning run. With the
+    classic defaults ten seeds reached -400 at 175-493k frames; the budget is three times the
+    worst, since the acting is asynchronous and a slower machine changes the frames it takes."""
     settings = {
         "env": "Pendulum-v1",
         "agent": "ppo",
@@ -208,7 +210,7 @@ def test_a_gaussian_ppo_swings_the_pendulum_up_within_budget(tmp_path, no_leaks)
         "run_dir": str(tmp_path / "run"),
         "progress": False,
         "target_return": -400.0,
-        "total_frames": 500_000,
+        "total_frames": 1_500_000,
     }
     summary = train(resolve([settings]))
     assert summary["stop_reason"] == "target_return", summary
