@@ -14,7 +14,8 @@ def test_defaults_are_the_embedded_cartpole_run():
     assert config.train.env == "CartPole-v1" and config.train.agent == "ppo"
     assert config.train.target_return == 475.0
     assert config.agent.normalize_obs and (config.agent.epochs, config.agent.lr) == (2, 2e-3)
-    assert resolve([{"env": "atari:Pong"}]).train.agent == "vtrace"  # other families' default
+    assert resolve([{"env": "atari:Pong"}]).train.agent == "ppo"
+    assert resolve([{"env": "dmc:cartpole-balance"}]).train.agent == "vtrace"  # the others'
     assert resolve([{"env": "HalfCheetah-v5"}]).train.agent == "ppo"
     vtrace = resolve([{"agent": "vtrace"}])  # chosen, it keeps its own settings
     assert vtrace.agent.lr == 1.4e-3 and not vtrace.agent.normalize_obs
@@ -111,15 +112,17 @@ def test_num_envs():
 
 def test_atari_ids_get_their_family_defaults_below_files_and_flags(tmp_path):
     atari = resolve([{"env": "atari:Pong"}])
-    assert atari.train.target_return is None and atari.train.unroll == 5
-    assert atari.train.batch == atari.train.num_envs == 16  # policy lag near 2 updates
-    assert not atari.agent.normalize_advantages
+    assert atari.train.target_return is None and atari.train.unroll == 64
+    assert atari.train.batch == atari.train.num_envs == 16
+    assert atari.agent.normalize_obs and atari.agent.popart and atari.agent.lr == 2.5e-4
     assert atari.agent.torso == "nature" and atari.agent.shared_torso
     assert atari.agent.discount == 0.99 and atari.agent.reward_clip == 1.0
+    vtrace = resolve([{"env": "atari:Pong", "agent": "vtrace"}])  # V-trace's own, A2C's layout
+    assert vtrace.train.unroll == 5 and not vtrace.agent.normalize_advantages
     classic = resolve([{"env": "Acrobot-v1"}])
     assert classic.agent.torso == "mlp" and classic.train.unroll == 16
     path = tmp_path / "c.yaml"
-    path.write_text("env: atari:Pong\nunroll: 40\nvtrace:\n  torso: impala\n")
+    path.write_text("env: atari:Pong\nunroll: 40\nppo:\n  torso: impala\n")
     mine = resolve([load_yaml(path), {"discount": 0.9}])
     assert mine.train.unroll == 40 and mine.agent.torso == "impala"
     assert mine.agent.discount == 0.9 and mine.agent.reward_clip == 1.0

@@ -388,6 +388,7 @@ def test_short_atari_run_counts_emulator_frames(tmp_path, no_leaks):
         total_frames=4000,
         threads=1,
         max_episode_frames=2000,  # short episodes, also for the evaluation below
+        minibatches=2,  # of the batch's 2 unrolls
     )
     config = resolve([settings])
     assert config.agent.torso == "nature" and config.agent.reward_clip == 1.0  # Atari defaults
