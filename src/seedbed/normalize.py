@@ -44,8 +44,15 @@ class ObsNormalizer(nn.Module):
     @torch.no_grad()
     def update(self, obs: torch.Tensor, reduce: Reduce = _alone) -> None:
         """Merge observations ``[..., *obs_shape]`` (over every replica) into the statistics."""
-        x = obs.reshape(-1, *self.mean.shape).double()
-        count, total, squares = reduce([x.new_tensor(len(x)), x.sum(0), x.pow(2).sum(0)])
+        # The batch's moments in float32 (Welford's, so stable): a learner batch of Atari frames
+        # in float64, squared, is half a gigabyte of copies. They are merged in float64.
+        x = obs.reshape(-1, *self.mean.shape).float()
+        if len(x):
+            var, mean = (m.double() for m in torch.var_mean(x, dim=0, correction=0))
+        else:  # a replica with nothing to add still takes part in the reduce
+            var = mean = torch.zeros_like(self.mean, dtype=torch.float64)
+        n = mean.new_tensor(len(x))
+        count, total, squares = reduce([n, mean * n, (var + mean.pow(2)) * n])
         if count <= 0:
             return
         batch_mean = total / count
