@@ -22,10 +22,10 @@ import torch
 from machine import machine
 
 from seedbed.agents import make_agent
-from seedbed.agents.base import Unrolls
 from seedbed.config import resolve
 from seedbed.envs import make_spec
 from seedbed.replicate import Replicator, spawn
+from seedbed.types import Unrolls
 
 
 def synthetic_batch(spec, num_actions: int, batch: int, unroll: int, seed: int) -> Unrolls:

@@ -132,3 +132,15 @@ def tiny_settings(run_dir: Path, **overrides) -> dict:
     }
     settings.update(overrides)
     return settings
+
+
+def assert_imports_without(modules: tuple[str, ...], heavy: tuple[str, ...]) -> None:
+    """Import ``modules`` in a fresh interpreter and fail if any of ``heavy`` came with them."""
+    import subprocess
+    import sys
+
+    code = (
+        f"import sys\nimport {', '.join(modules)}\n"
+        f"heavy = [m for m in {heavy!r} if m in sys.modules]\nassert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

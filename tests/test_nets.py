@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seedbed.envs import EnvSpec
 from seedbed.errors import ConfigError
 from seedbed.nets import _scaled, make_actor_critic
+from seedbed.types import EnvSpec
 
 ATARI = EnvSpec("atari:Pong", (4, 84, 84), "uint8", 6, frame_skip=4)
 VECTOR = EnvSpec("CartPole-v1", (4,), "float32", 2)

@@ -17,7 +17,6 @@ from torch.ao.nn.intrinsic.quantized import dynamic as nniqd
 from torch.ao.nn.quantized import dynamic as nnqd
 from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-from seedbed.envs import EnvSpec
 from seedbed.errors import SeedbedError
 from seedbed.nets import make_actor_critic
 from seedbed.quantize import (
@@ -27,6 +26,7 @@ from seedbed.quantize import (
     policy_error,
     quantize_for_inference,
 )
+from seedbed.types import EnvSpec, StepInput
 
 CARTPOLE = EnvSpec("CartPole-v1", (4,), "float32", 2)
 FRAMES = EnvSpec("atari:Pong", (4, 44, 44), "uint8", 6)  # small frames keep the tests fast
@@ -46,6 +46,12 @@ def probe(net: nn.Module, obs: torch.Tensor) -> tuple:
     done[0] = True
     actions = torch.randint(0, net.num_actions, (steps, batch), generator=torch.Generator())
     return obs, actions, torch.randn(steps, batch), done, net.initial_state(batch)
+
+
+def forward(net: nn.Module, *args) -> tuple:
+    """The network's own call, for ``policy_error`` (which the runtime gives an agent's
+    ``acting_outputs``)."""
+    return net(*args)
 
 
 def outputs(net: nn.Module, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,8 +118,8 @@ def test_outputs_agree_within_a_share_of_their_scale(trained, precision, toleran
 def test_policy_error_is_zero_for_fp32_and_small_for_int8(trained):
     args = probe(trained, cartpole_obs(1024, seed=10_002)[None])
     scale = max(t.abs().max() for t in outputs(trained, args))
-    assert policy_error(trained, broadcast(trained, "fp32"), args) == 0.0
-    assert 0 < policy_error(trained, broadcast(trained, "int8"), args) <= 0.05 * scale
+    assert policy_error(trained, broadcast(trained, "fp32"), forward, args) == 0.0
+    assert 0 < policy_error(trained, broadcast(trained, "int8"), forward, args) <= 0.05 * scale
 
 
 def test_payloads_of_the_3x512_mlp_shrink():
@@ -210,7 +216,7 @@ def test_lstm_core_is_quantized_and_stays_close_over_an_unroll():
     int8 = broadcast(net, "int8")
     assert type(int8.core.cell) is nnqd.LSTMCell
     args = probe(net, cartpole_obs(20 * 16, seed=4).view(20, 16, 4))
-    assert 0 < policy_error(net, int8, args) < 0.05
+    assert 0 < policy_error(net, int8, forward, args) < 0.05
 
 
 @pytest.mark.parametrize("torso", ["nature", "impala"])
@@ -225,7 +231,7 @@ def test_conv_torsos_keep_float_convolutions(torso):
     frames = torch.randint(0, 256, (1, 8, *FRAMES.obs_shape), dtype=torch.uint8)
     args = probe(net, frames)
     scale = max(t.abs().max() for t in outputs(net, args))
-    assert 0 < policy_error(net, int8, args) < 0.1 * scale
+    assert 0 < policy_error(net, int8, forward, args) < 0.1 * scale
 
 
 def test_int8_runs_a_bfloat16_torso_in_float32():
@@ -233,7 +239,7 @@ def test_int8_runs_a_bfloat16_torso_in_float32():
     int8 = broadcast(net, "int8")
     assert int8.torso_dtype == torch.float32 and net.torso_dtype == torch.bfloat16
     assert type(int8.torso.layers[2]) is nniqd.LinearReLU
-    assert policy_error(net, int8, probe(net, cartpole_obs(32, seed=5)[None])) < 0.05
+    assert policy_error(net, int8, forward, probe(net, cartpole_obs(32, seed=5)[None])) < 0.05
 
 
 def reheadered(payload: bytes, edit, extra: bytes = b"") -> bytes:
@@ -299,7 +305,7 @@ def test_a_broadcast_leaves_out_what_acting_never_reads():
         assert len(payload) < 0.51 * len(encode_policy(net, precision, 2))  # half: no value torso
         decoded = decode_policy(payload, net, skip)[0]
         args = (*probe(net, cartpole_obs(64, 1)[None]), False)  # acting's call: no values
-        assert policy_error(net, decoded, args) <= (0.0 if precision == "fp32" else 0.1)
+        assert policy_error(net, decoded, forward, args) <= (0.0 if precision == "fp32" else 0.1)
     # Both ends must agree on what is left out.
     with pytest.raises(SeedbedError, match="for another network") as error:
         decode_policy(encode_policy(net, "int8", 2, skip), net)
@@ -318,15 +324,10 @@ def test_a_d4pg_broadcast_carries_the_policy_alone():
     policy_bytes = 4 * sum(p.numel() for p in agent.network.policy.parameters())
     assert len(payload) < 0.5 * policy_bytes  # int8 policy weights, no critic
     decoded = decode_policy(payload, agent.network, agent.acting_skips)[0]
-    obs = torch.randn(1, 32, 5)
-    args = (
-        obs,
-        torch.zeros(1, 32, 1),
-        torch.zeros(1, 32),
-        torch.zeros(1, 32, dtype=torch.bool),
-        (),
-    )
-    assert 0 < policy_error(agent.network, decoded, args) < 0.2  # actions in [-1, 1]
+    ids, done = torch.arange(32), torch.zeros(32, dtype=torch.bool)
+    step = StepInput(torch.randn(32, 5), torch.zeros(32, 1), torch.zeros(32), done, ids)
+    error = policy_error(agent.network, decoded, agent.acting_outputs, (step, ()))
+    assert 0 < error < 0.2  # actions in [-1, 1]
 
 
 def _header(payload: bytes) -> dict:
@@ -351,7 +352,7 @@ def test_decoding_into_the_last_policy_updates_it_in_place(lstm):
         previous = acting
         acting, decoded_version = decode_policy(payload, net, skip, into=acting)
         assert decoded_version == version
-        assert policy_error(fresh, acting, args) == 0.0  # the same module as a fresh decode
+        assert policy_error(fresh, acting, forward, args) == 0.0  # as a fresh decode
         # In place while the form (int8 or float) stays; a new module when it changes.
         same_form = version in (1, 3)
         assert (acting is previous) == same_form, (version, precision)

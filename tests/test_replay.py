@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 import time
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from seedbed.agents.base import Unrolls
 from seedbed.replay import PrioritizedReplay, SumTree, UnrollQueue
+from seedbed.types import Buffer, Unrolls
 
 
 def chi2_critical_999(dof: int) -> float:
@@ -385,9 +386,20 @@ def test_unrolls_that_do_not_fit_the_items_are_refused():
         store.put(make_unrolls(1, 1, 5))
 
 
-def test_the_fifo_accepts_learned_too():
+def test_the_fifo_accepts_learned_and_has_no_stats():
     queue = UnrollQueue(4)
     queue.put(make_unrolls(0, 2, 3))
     batch = queue.get(2)
     queue.learned(batch)
-    assert len(queue) == 0
+    assert len(queue) == 0 and queue.stats() is None
+
+
+@pytest.mark.parametrize("store", [UnrollQueue, PrioritizedReplay])
+def test_both_stores_have_the_buffer_methods(store):
+    # No type checker runs here: check by hand that each is a Buffer, as the runtime types it.
+    methods = [name for name, value in vars(Buffer).items() if inspect.isfunction(value)]
+    methods = [name for name in methods if not name.startswith("_")]
+    assert methods == ["put", "get", "learned", "stats", "close"]
+    for name in methods:
+        want = list(inspect.signature(getattr(Buffer, name)).parameters)
+        assert list(inspect.signature(getattr(store, name)).parameters) == want, name

@@ -1,4 +1,5 @@
-"""Tests for seedbed.telemetry: real files in tmp_path, real TensorBoard and matplotlib."""
+"""Tests for seedbed.telemetry and the default sinks of seedbed.loggers.RunLogger: real files in
+tmp_path, real TensorBoard and matplotlib."""
 
 from __future__ import annotations
 
@@ -15,13 +16,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from seedbed.telemetry import (
-    EpisodeWindow,
-    RunLogger,
-    plot_curve,
-    read_metrics,
-    write_json_atomic,
-)
+from seedbed.loggers import RunLogger
+from seedbed.telemetry import EpisodeWindow, plot_curve, read_metrics, write_json_atomic
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -179,7 +175,7 @@ def test_plain_progress_lines_when_not_a_terminal(tmp_path):
 def test_plain_progress_interval(tmp_path):
     out = io.StringIO()
     log = RunLogger(tmp_path, total_frames=None, console=Console(file=out, force_terminal=False))
-    log.plain_interval_s = 0.0
+    log.sinks["console"].plain_interval_s = 0.0
     for i in range(3):
         log.log({"frames": i, "wall_s": float(i)})
     log.close()

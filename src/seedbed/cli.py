@@ -163,10 +163,8 @@ def _eval_parser(subparsers: Any) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from seedbed.evaluate import evaluate
+    from seedbed import evaluate
 
-    if args.episodes <= 0:
-        raise SeedbedError(f"--episodes must be positive, got {args.episodes}")
     result = evaluate(args.path, args.episodes, args.video, args.seed, args.device)
     print(
         f"{result['episodes']} episodes of {result['env']}: return "

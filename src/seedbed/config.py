@@ -120,6 +120,19 @@ class TrainConfig:
     country: str = setting(
         "USA", "ISO 3166 alpha-3 country code for the carbon intensity of the grid (e.g. FRA)"
     )
+    # Weights & Biases (seedbed.loggers.wandb), beside metrics.csv and TensorBoard.
+    wandb: bool = setting(
+        False, "also log metrics to Weights & Biases (pip install 'seedbed[wandb]')"
+    )
+    wandb_project: str = setting("seedbed", "with --wandb: the W&B project")
+    wandb_run_name: str | None = setting(
+        None, "with --wandb: the W&B run name (none: the run dir's)"
+    )
+    wandb_mode: Literal["online", "offline"] = setting(
+        "online",
+        "with --wandb: online needs `wandb login` or WANDB_API_KEY; offline writes RUN_DIR/wandb "
+        "for a later `wandb sync`",
+    )
 
     def validate(self) -> None:
         """Raise ConfigError on a value that cannot work."""

@@ -1,4 +1,5 @@
-"""Make environments from an id, stepped in batches, and describe them with an EnvSpec.
+"""Make environments from an id, stepped in batches, and describe them with an EnvSpec
+(``seedbed.types``).
 
 Actors step E environments together through a Gymnasium vector env whose autoreset happens on
 the same step: when an episode ends, ``step`` returns the next episode's first observation with
@@ -7,8 +8,8 @@ the ended episode's last reward and done flag, which is exactly what the learner
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
+import importlib
 from typing import Any
 
 import gymnasium as gym
@@ -19,44 +20,9 @@ from gymnasium.vector import AutoresetMode
 from seedbed import atari, dmc, dmlab, football
 from seedbed.atari import AtariSettings
 from seedbed.errors import ConfigError
+from seedbed.types import EnvSpec
 
 NOOP_ENV_ID = "seedbed/Noop-v0"
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvSpec:
-    """What the rest of the system needs to know about an environment.
-
-    Actions travel through one code path whatever their kind: each env's action is an array of
-    ``action_shape`` in ``action_dtype``. Discrete actions are int64 scalars (shape ``()``) below
-    ``num_actions``; continuous ones are float32 arrays within ``action_low`` and
-    ``action_high`` (flattened in C order), and ``num_actions`` is 0.
-    """
-
-    env_id: str
-    obs_shape: tuple[int, ...]
-    obs_dtype: str  # numpy dtype name; observations travel in this dtype
-    num_actions: int  # size of the discrete action set; 0 for continuous actions
-    frame_skip: int = 1  # emulator frames per agent step: reports count frames, not steps
-    protocol: str | None = None  # how the environment is set up, for the run's summary
-    action_shape: tuple[int, ...] = ()  # one env's action: () for a discrete action
-    action_dtype: str = "int64"  # numpy dtype name: int64 (discrete) or float32 (continuous)
-    action_low: tuple[float, ...] = ()  # continuous actions' bounds, flattened; () if discrete
-    action_high: tuple[float, ...] = ()
-
-    @property
-    def obs_numpy_dtype(self) -> np.dtype:
-        return np.dtype(self.obs_dtype)
-
-    @property
-    def continuous(self) -> bool:
-        """Whether actions are real-valued arrays (a Box) rather than one of ``num_actions``."""
-        return np.dtype(self.action_dtype).kind == "f"
-
-    @property
-    def action_kind(self) -> str:
-        """'continuous' or 'discrete', for messages."""
-        return "continuous" if self.continuous else "discrete"
 
 
 class NoopEnv(gym.Env):
@@ -123,11 +89,27 @@ def check_env_id(env_id: str) -> None:
     if dmlab.is_dmlab(env_id):
         dmlab.level_path(env_id)
         return
-    if env_id in gym.registry:
+    module, _, name = env_id.rpartition(":")
+    if module:
+        import_env_module(module, env_id)
+    if name in gym.registry:
         return
-    close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
+    close = difflib.get_close_matches(name, list(gym.registry), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see gymnasium.registry for ids"
-    raise ConfigError(f"unknown environment '{env_id}'{hint}")
+    where = f" (module '{module}' registered no such id)" if module else ""
+    raise ConfigError(f"unknown environment '{env_id}'{where}{hint}")
+
+
+def import_env_module(module: str, env_id: str) -> None:
+    """Import the module of a ``module:EnvId`` id, which registers the user's env with Gymnasium
+    (Gymnasium's own convention; every process that makes the env imports it again)."""
+    try:
+        importlib.import_module(module)
+    except ImportError as error:
+        raise ConfigError(
+            f"cannot import '{module}' for --env {env_id} ({error}); put the module on "
+            "PYTHONPATH or install its package, where the learner and every actor run"
+        ) from None
 
 
 def make_env(
@@ -143,7 +125,16 @@ def make_env(
         return football.make_env(env_id, render_mode)
     if dmlab.is_dmlab(env_id):
         return dmlab.make_env(env_id, render_mode)
-    return gym.make(env_id, render_mode=render_mode)
+    # Only when asked: many users' envs take no render_mode argument at all.
+    try:
+        return gym.make(env_id, **({"render_mode": render_mode} if render_mode else {}))
+    except TypeError as error:
+        if render_mode is None or "render_mode" not in str(error):
+            raise
+        raise ConfigError(
+            f"{env_id} takes no render_mode argument, so it cannot be recorded; evaluate it "
+            "without --video, or give its constructor render_mode"
+        ) from None
 
 
 def make_vector_env(

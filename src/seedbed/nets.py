@@ -13,11 +13,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from seedbed.envs import EnvSpec
 from seedbed.errors import ConfigError
 from seedbed.normalize import ObsNormalizer, PopArtValue
-
-State = tuple[torch.Tensor, ...]
+from seedbed.types import EnvSpec, State
 
 
 class MLPTorso(nn.Module):

@@ -49,7 +49,7 @@ import math
 import struct
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -163,13 +163,15 @@ def quantize_for_inference(net: nn.Module, precision: Precision) -> nn.Module:
 
 
 @torch.no_grad()
-def policy_error(reference: nn.Module, quantized: nn.Module, probe: Any) -> float:
-    """Largest absolute change of any floating output (for ActorCriticNet: logits or Q-value
-    advantages, values and the next recurrent state) from ``reference`` to ``quantized`` when
-    both are called on ``probe`` (a tensor, or a tuple of the forward's arguments)."""
-    args = probe if isinstance(probe, tuple) else (probe,)
-    ref = _leaves(reference(*_to(args, _device(reference))))
-    new = _leaves(quantized(*_to(args, _device(quantized))))
+def policy_error(
+    reference: nn.Module, quantized: nn.Module, outputs: Callable[..., Any], probe: tuple
+) -> float:
+    """Largest absolute change of any floating output of ``outputs(net, *probe)`` from
+    ``reference`` to ``quantized``, ``probe`` moved to each network's device: ``outputs`` is
+    an agent's ``acting_outputs`` and ``probe`` its step and state, or any call of a network
+    and its arguments."""
+    ref = _leaves(outputs(reference, *_to(probe, _device(reference))))
+    new = _leaves(outputs(quantized, *_to(probe, _device(quantized))))
     diffs = [(a.cpu().float() - b.cpu().float()).abs().max() for a, b in zip(ref, new, strict=True)]
     return float(max(diffs, default=torch.tensor(0.0)))
 
@@ -430,13 +432,10 @@ def _leaves(output: Any) -> list[torch.Tensor]:
 
 
 def _to(args: tuple, device: torch.device) -> tuple:
-    """``args`` on ``device``: tensors, and tensors in tuples such as a recurrent state."""
+    """``args`` on ``device``: what has a ``to`` (tensors, a StepInput), and tuples of those
+    (a recurrent state)."""
     return tuple(
-        a.to(device)
-        if isinstance(a, torch.Tensor)
-        else _to(a, device)
-        if isinstance(a, tuple)
-        else a
+        _to(a, device) if isinstance(a, tuple) else a.to(device) if hasattr(a, "to") else a
         for a in args
     )
 

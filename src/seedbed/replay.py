@@ -1,12 +1,7 @@
 """Where unrolls wait for the learner: a FIFO for on-policy agents, prioritized replay for others.
 
-Both stores have the same two-thread contract, in the order the runtime calls it::
-
-    store.put(unrolls, timeout)             # inference thread; False on timeout or close
-    batch = store.get(batch_size, timeout)  # learner thread; None on timeout or close
-    agent.learn(batch)                      # may set batch.replay.priorities
-    store.learned(batch)                    # learner thread, after each learn
-    store.close()                           # at shutdown: wakes both threads
+Both are a ``seedbed.types.Buffer``, whose docstring shows the order the runtime calls them in:
+the inference thread puts, the learner thread gets and hands each batch back after learning.
 
 ``UnrollQueue`` is a bounded FIFO: each unroll is learned from once, in arrival order, and the
 actors wait while it is full. ``PrioritizedReplay`` keeps unrolls in a ring of rows, splits each
@@ -22,7 +17,7 @@ import threading
 import numpy as np
 import torch
 
-from seedbed.agents.base import ReplayInfo, Unrolls
+from seedbed.types import ReplayInfo, Unrolls
 
 
 def concat_unrolls(parts: list[Unrolls]) -> Unrolls:
@@ -97,6 +92,9 @@ class UnrollQueue:
 
     def learned(self, batch: Unrolls) -> None:
         """Nothing to record, as a FIFO has no priorities; here so the runtime calls both alike."""
+
+    def stats(self) -> None:
+        """None: a FIFO's unrolls are each learned from once, so there is nothing to report."""
 
     def close(self) -> None:
         """Wake every waiter; later puts and gets return at once."""

@@ -1,7 +1,7 @@
-"""What a run shows its user: console progress, metrics.csv, TensorBoard, JSON records, plots.
+"""What a run keeps of itself: episode returns, time shares, JSON records, metrics.csv, plots.
 
-The training runtime drives one ``RunLogger`` per run and keeps an ``EpisodeWindow`` of finished
-episodes::
+The training runtime keeps an ``EpisodeWindow`` of finished episodes and hands its rows to a
+``seedbed.loggers.RunLogger`` (metrics.csv, TensorBoard, the console, W&B)::
 
     window = EpisodeWindow(100)
     with RunLogger(run_dir, total_frames=cfg.total_frames, resume_frames=ckpt_frames) as log:
@@ -10,9 +10,8 @@ episodes::
             log.log({"frames": frames, "wall_s": wall_s, "mean_return": window.mean_return(), ...})
     plot_curve(run_dir, target_return=cfg.target_return)
 
-Nothing here imports torch at module import time: the TensorBoard writer (which pulls torch in) and
-matplotlib are imported only when a ``RunLogger`` or a plot is made, so tools that only read a
-run's files stay light.
+Nothing here imports torch or matplotlib at module import time: matplotlib is imported only when
+a plot is made, so tools that only read a run's files stay light.
 """
 
 from __future__ import annotations
@@ -20,22 +19,15 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import logging
 import math
 import os
 import secrets
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.csv"
 CURVE_FILE = "curve.png"
@@ -134,176 +126,6 @@ class EpisodeWindow:
         self._count = int(d["count"])
 
 
-_excepthook = threading.excepthook  # the one _quiet_writer_thread hands other errors to
-
-
-def _quiet_writer_thread(args: threading.ExceptHookArgs) -> None:
-    """Leave out the traceback of TensorBoard's writer thread when a write fails (a full disk):
-    it keeps the error for the next write from the run's thread, where it becomes the run's
-    one-line message; its own traceback would only bury that line."""
-    if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
-        return
-    _excepthook(args)
-
-
-class RunLogger:
-    """Writes metrics.csv and TensorBoard events in run_dir and drives the console progress display.
-
-    Call ``log`` with one row per reporting interval, then ``close`` (or use it as a context
-    manager). Every row must hold ``frames`` (env frames so far) and ``wall_s`` (seconds since the
-    run started); any other key is an optional metric whose value may be None.
-    """
-
-    #: Seconds between plain progress lines when the console is not a terminal.
-    plain_interval_s: float = 5.0
-    #: Seconds between TensorBoard flushes; flushing every row would cost a syscall per row.
-    tb_flush_interval_s: float = 10.0
-
-    def __init__(
-        self,
-        run_dir: str | Path,
-        *,
-        total_frames: int | None,
-        resume_frames: int | None = None,
-        progress: bool = True,
-        console: Console | None = None,
-    ) -> None:
-        """Opens the run's metric sinks.
-
-        Args:
-            run_dir: Folder of the run; made if missing.
-            total_frames: Frame budget, the progress total; None shows an open-ended bar.
-            resume_frames: Frames of the checkpoint this run resumes from. metrics.csv rows after
-                it are dropped, and TensorBoard events after it are purged, since the run will
-                produce those steps again.
-            progress: Whether to show progress on the console at all.
-            console: Console to show progress on; a stderr console when None.
-        """
-        self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.total_frames = total_frames
-        self.console = console if console is not None else Console(stderr=True)
-        self._csv_path = self.run_dir / METRICS_FILE
-        self._csv_file: Any = None
-        self._csv_writer: csv.DictWriter | None = None
-        self._closed = False
-        if resume_frames is not None:
-            header = _truncate_metrics(self._csv_path, resume_frames)
-            if header:
-                self._open_csv(header, mode="a")
-
-        # Imported here so that importing this module never pulls torch in.
-        from torch.utils.tensorboard import SummaryWriter
-
-        # Events from step purge_step on are dropped: keep the checkpoint's own row.
-        purge = None if resume_frames is None else resume_frames + 1
-        self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge)
-        self._last_tb_flush = time.monotonic()
-        if threading.excepthook is not _quiet_writer_thread:
-            global _excepthook
-            _excepthook, threading.excepthook = threading.excepthook, _quiet_writer_thread
-
-        self._last_frames: int | None = None
-        self._last_wall: float | None = None
-        self._last_line: str | None = None
-        self._last_line_printed = True
-        self._last_print: float | None = None
-        self._plain = progress and not self.console.is_terminal
-        self._bar = _make_bar(self.console, total_frames) if progress and not self._plain else None
-        if self._bar is not None:
-            start = resume_frames or 0
-            self._task = self._bar.add_task(
-                "train", total=total_frames, completed=start,
-                frames=_frames_text(start, total_frames), stats="",
-            )  # fmt: skip
-            self._bar.start()
-
-    def __enter__(self) -> RunLogger:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def log(self, row: Mapping[str, float | int | None]) -> None:
-        """Writes one row of metrics to metrics.csv and TensorBoard and updates the progress.
-
-        Args:
-            row: Metrics by name; must hold ``frames`` and ``wall_s``. None values are written as
-                empty CSV cells and skipped in TensorBoard.
-        """
-        if self._closed:
-            raise RuntimeError("RunLogger.log called after close")
-        for key in ("frames", "wall_s"):
-            if row.get(key) is None:
-                raise KeyError(f"metrics row needs {key!r}; got keys {sorted(row)}")
-        frames, wall_s = int(row["frames"]), float(row["wall_s"])
-
-        if self._csv_writer is None:
-            self._open_csv(list(row), mode="w")
-        self._csv_writer.writerow({k: "" if v is None else v for k, v in row.items()})
-        # Flushed per row so that a crash loses at most the row being written.
-        self._csv_file.flush()
-
-        for key, value in row.items():
-            scalar = _as_float(value)
-            if key != "frames" and scalar is not None:
-                self._tb.add_scalar(key, scalar, global_step=frames)
-        now = time.monotonic()
-        if now - self._last_tb_flush >= self.tb_flush_interval_s:
-            self._tb.flush()
-            self._last_tb_flush = now
-
-        self._show(row, frames, wall_s, now)
-
-    def close(self) -> None:
-        """Stops the progress display and flushes and closes the files. Safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._bar is not None:
-            self._bar.stop()
-        if self._plain and self._last_line is not None and not self._last_line_printed:
-            # The final state is the line users look for at the end of a CI log.
-            self._print_line(self._last_line)
-        if self._csv_file is not None:
-            self._csv_file.close()
-        self._tb.close()
-
-    def _open_csv(self, header: list[str], mode: str) -> None:
-        self._csv_file = open(self._csv_path, mode, newline="", encoding="utf-8")  # noqa: SIM115
-        self._csv_writer = csv.DictWriter(
-            self._csv_file, fieldnames=header, restval="", extrasaction="ignore"
-        )
-        if mode == "w":
-            self._csv_writer.writeheader()
-
-    def _show(self, row: Mapping[str, Any], frames: int, wall_s: float, now: float) -> None:
-        fps = _as_float(row.get("fps"))
-        if fps is None and self._last_frames is not None and wall_s > self._last_wall:
-            fps = (frames - self._last_frames) / (wall_s - self._last_wall)
-        self._last_frames, self._last_wall = frames, wall_s
-        stats = _stats_text(
-            fps,
-            _as_float(row.get("mean_return")),
-            _as_float(row.get("loss")),
-            _as_float(row.get("inference_batch")),
-        )
-        frames_text = _frames_text(frames, self.total_frames)
-        if self._bar is not None:
-            self._bar.update(self._task, completed=frames, frames=frames_text, stats=stats)
-        elif self._plain:
-            self._last_line = f"{frames_text}  {stats}".rstrip()
-            self._last_line_printed = False
-            if self._last_print is None or now - self._last_print >= self.plain_interval_s:
-                self._print_line(self._last_line)
-                self._last_print = now
-
-    def _print_line(self, line: str) -> None:
-        # No markup or highlighting: plain lines must read the same in a CI log as in a pipe.
-        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
-        self._last_line_printed = True
-
-
 def write_json_atomic(path: str | Path, data: Mapping) -> Path:
     """Writes ``data`` as JSON so that readers see the old file or the new one, never half of one.
 
@@ -318,7 +140,7 @@ def write_json_atomic(path: str | Path, data: Mapping) -> Path:
     """
     path = Path(path)
     text = json.dumps(data, indent=2, default=_json_default) + "\n"
-    _replace_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    replace_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return path
 
 
@@ -340,7 +162,7 @@ def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
         columns: list[list[float]] = [[] for _ in header]
         for cells in reader:
             for i, column in enumerate(columns):
-                column.append(_parse_float(cells[i]) if i < len(cells) else math.nan)
+                column.append(parse_float(cells[i]) if i < len(cells) else math.nan)
     return {
         name: np.asarray(col, dtype=np.float64) for name, col in zip(header, columns, strict=True)
     }
@@ -401,37 +223,11 @@ def plot_curve(run_dir: str | Path, target_return: float | None = None) -> Path:
     fig.suptitle(run_dir.resolve().name)
 
     out = run_dir / CURVE_FILE
-    _replace_atomically(out, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    replace_atomically(out, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     return out
 
 
-def _truncate_metrics(path: Path, resume_frames: int) -> list[str]:
-    """Drops metrics.csv rows after ``resume_frames``; returns the header ([] if no file)."""
-    if not path.exists():
-        return []
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = next(reader, [])
-        if "frames" not in header:
-            logger.warning("%s has no frames column; starting it afresh", path)
-            return []
-        at = header.index("frames")
-        rows = list(reader)
-    # A short row is the one being written when a run died; it is dropped with the later ones.
-    kept = [r for r in rows if len(r) == len(header) and _parse_float(r[at]) <= resume_frames]
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", newline="", encoding="utf-8") as out:
-            writer = csv.writer(out)
-            writer.writerow(header)
-            writer.writerows(kept)
-
-    _replace_atomically(path, write)
-    logger.info("resuming at %d frames: kept %d rows of %s", resume_frames, len(kept), path)
-    return header
-
-
-def _replace_atomically(path: Path, write: Callable[[Path], object]) -> None:
+def replace_atomically(path: Path, write: Callable[[Path], object]) -> None:
     """Has ``write`` fill a temp file beside ``path``, syncs it, then renames it over ``path``."""
     # Same folder, so os.replace is a rename within one file system and therefore atomic.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -455,45 +251,8 @@ def _replace_atomically(path: Path, write: Callable[[Path], object]) -> None:
             os.close(dir_fd)
 
 
-def _make_bar(console: Console, total_frames: int | None) -> Progress:
-    # An open-ended run has no time remaining to show, only a pulsing bar.
-    eta = [TextColumn("eta"), TimeRemainingColumn()] if total_frames is not None else []
-    return Progress(
-        TextColumn("{task.fields[frames]}"), BarColumn(), TimeElapsedColumn(), *eta,
-        TextColumn("{task.fields[stats]}"), console=console, refresh_per_second=4,
-    )  # fmt: skip
-
-
-def _frames_text(frames: int, total: int | None) -> str:
-    return f"frames {frames:,}" + (f"/{total:,}" if total is not None else "")
-
-
-def _stats_text(
-    fps: float | None, mean_return: float | None, loss: float | None, inf_batch: float | None
-) -> str:
-    parts = []
-    if fps is not None:
-        parts.append(f"fps {fps:,.0f}")
-    if mean_return is not None:
-        parts.append(f"return {mean_return:.1f}")
-    if loss is not None:
-        parts.append(f"loss {loss:.3g}")
-    if inf_batch is not None:
-        parts.append(f"inf-batch {round(inf_batch, 1):g}")
-    return "  ".join(parts)
-
-
-def _as_float(value: object) -> float | None:
-    """A metric value as a float, or None for a missing or non-numeric one."""
-    if value is None or isinstance(value, (str, bytes)):
-        return None
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-
-
-def _parse_float(cell: str) -> float:
+def parse_float(cell: str) -> float:
+    """A metrics.csv cell as a float; nan for an empty or unreadable one."""
     try:
         return float(cell)
     except ValueError:

@@ -8,11 +8,10 @@ import pytest
 import torch
 
 from seedbed.agents import AGENTS, action_kinds, config_class, make_agent
-from seedbed.agents.base import StepInput
 from seedbed.config import resolve
-from seedbed.envs import EnvSpec
 from seedbed.inference.unrolls import UnrollBuilder
 from seedbed.runtime.checkpoint import load_checkpoint, save_checkpoint
+from seedbed.types import EnvSpec, StepInput
 
 DISCRETE = EnvSpec("test", (5,), "float32", 3)
 CONTINUOUS = EnvSpec(
@@ -89,6 +88,24 @@ def test_agent_learns_and_checkpoints(name, kind, lstm, tmp_path):
     saved, loaded = agent.state_dict()["network"], again.state_dict()["network"]
     assert all(torch.equal(saved[k], loaded[k]) for k in saved)
     assert agent.learn(batch)["loss"] == pytest.approx(again.learn(batch)["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize(("name", "kind"), AGENT_KINDS)
+def test_acting_outputs_are_deterministic_rows_per_env(name, kind):
+    # A broadcast's quantization error compares two networks on them, so sampling and
+    # exploration must stay out, even for an agent made to explore (num_envs).
+    torch.manual_seed(0)
+    spec = SPECS[kind]
+    agent = make_agent(name, spec, resolve([{"agent": name}]).agent, "cpu", 4)
+    net, state = agent.acting_network(), agent.initial_state(4)
+    prev = torch.zeros((4, *spec.action_shape), dtype=getattr(torch, spec.action_dtype))
+    done = torch.ones(4, dtype=torch.bool)
+    step = StepInput(torch.randn(4, 5), prev, torch.randn(4), done, torch.arange(4))
+    outputs, next_state = agent.acting_outputs(net, step, state)
+    assert outputs.is_floating_point() and outputs.shape[0] == 4
+    assert torch.isfinite(outputs).all()
+    assert torch.equal(outputs, agent.acting_outputs(net, step, state)[0])
+    assert len(next_state) == len(agent.act(net, step, state).state)
 
 
 def test_time_limit_cuts_bootstrap_from_the_last_state():

@@ -13,9 +13,9 @@ from seedbed.agents import make_agent
 from seedbed.agents.policies import GaussianPolicy
 from seedbed.agents.ppo.learning import batch_targets, gae, ppo_loss
 from seedbed.config import resolve
-from seedbed.envs import EnvSpec
 from seedbed.errors import ConfigError
 from seedbed.runtime.train import train
+from seedbed.types import EnvSpec
 from tests.agents.test_agents import CONTINUOUS, DISCRETE, collect
 from tests.conftest import tiny_settings
 

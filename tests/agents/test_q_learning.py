@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from seedbed.agents import make_agent
-from seedbed.agents.base import ReplayInfo, Unrolls
 from seedbed.agents.dqn.learning import q_learning_loss, q_values
 from seedbed.agents.q_targets import (
     exploration_epsilons,
@@ -16,7 +15,7 @@ from seedbed.agents.q_targets import (
     value_rescale,
 )
 from seedbed.config import resolve
-from seedbed.envs import EnvSpec
+from seedbed.types import EnvSpec, ReplayInfo, Unrolls
 
 SPEC = EnvSpec("test", (3,), "float32", 4)
 
@@ -179,7 +178,7 @@ def test_burn_in_steps_get_no_gradient_but_set_the_state():
 
 
 def test_acting_explores_per_environment_and_evaluation_is_greedy():
-    from seedbed.agents.base import StepInput
+    from seedbed.types import StepInput
 
     config = resolve([{"agent": "dqn"}]).agent
     explorer = make_agent("dqn", SPEC, config, "cpu", num_envs=2)

@@ -11,7 +11,6 @@ import torch
 
 from seedbed.agents import make_agent
 from seedbed.config import resolve
-from seedbed.envs import EnvSpec
 from seedbed.inference.local import LocalActing, LocalPolicy, acted_fields
 from seedbed.inference.server import InferenceServer
 from seedbed.quantize import encode_policy
@@ -19,6 +18,7 @@ from seedbed.replay import UnrollQueue
 from seedbed.transport.base import Request
 from seedbed.transport.inprocess import InProcessServer
 from seedbed.transport.shm import PolicyBoard, SharedMemoryServer
+from seedbed.types import EnvSpec
 
 SPEC = EnvSpec("test", (3,), "float32", 2)
 FIELDS = (("action", (), "int64"), ("version", (), "int64"), ("logits", (2,), "float32"))
@@ -171,9 +171,9 @@ def test_the_server_records_what_local_actors_acted():
 
 
 def test_the_publisher_measures_the_first_broadcast_after_each_metrics_row(no_leaks):
-    from seedbed.agents.base import Unrolls
     from seedbed.inference.publish import PolicyPublisher
     from seedbed.quantize import decode_policy, policy_error
+    from seedbed.types import StepInput, Unrolls
 
     torch.manual_seed(0)
     agent, _ = _agent(hidden="256,256")
@@ -186,9 +186,10 @@ def test_the_publisher_measures_the_first_broadcast_after_each_metrics_row(no_le
         "done": torch.ones(2, 8, dtype=torch.bool),
     }
     batch = Unrolls(steps, (), torch.zeros(8, dtype=torch.int64))
-    probe = (*(steps[k][:1] for k in ("obs", "prev_action", "reward", "done")), (), False)
+    first = (steps[k][0] for k in ("obs", "prev_action", "reward", "done"))
+    probe = (StepInput(*first, torch.arange(8)), ())  # the first step of every unroll
     try:
-        publisher = PolicyPublisher(net, None, board, "int8", every=1, skip=skip)
+        publisher = PolicyPublisher(agent, None, board, "int8", every=1)
         for row in range(2):
             expected = None
             for version in range(3 * row + 1, 3 * row + 4):  # 3 broadcasts per row
@@ -199,7 +200,8 @@ def test_the_publisher_measures_the_first_broadcast_after_each_metrics_row(no_le
                 payload, posted = board.read(version - 1)
                 assert posted == version  # every due broadcast is posted
                 if expected is None:
-                    expected = policy_error(net, decode_policy(payload, net, skip)[0], probe)
+                    decoded = decode_policy(payload, net, skip)[0]
+                    expected = policy_error(net, decoded, agent.acting_outputs, probe)
             metrics = publisher.take()
             assert metrics["quantization_error"] == pytest.approx(expected, rel=1e-6)
             assert metrics["broadcast_bytes"] == len(payload)

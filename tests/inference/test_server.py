@@ -7,11 +7,11 @@ import torch
 
 from seedbed.agents import make_agent
 from seedbed.config import resolve
-from seedbed.envs import EnvSpec
 from seedbed.inference.server import InferenceServer
 from seedbed.replay import UnrollQueue
 from seedbed.transport.base import Request
 from seedbed.transport.inprocess import InProcessServer
+from seedbed.types import EnvSpec
 
 SPEC = EnvSpec("test", (3,), "float32", 2)
 

@@ -18,8 +18,8 @@ import torch
 from seedbed.agents import make_agent
 from seedbed.config import resolve
 from seedbed.envs import make_spec
-from seedbed.evaluate import evaluate
 from seedbed.runtime.checkpoint import list_checkpoints, load_checkpoint
+from seedbed.runtime.evaluate import evaluate
 from seedbed.runtime.train import TrainingRun, train
 from tests.conftest import tiny_settings
 

@@ -1,4 +1,5 @@
-"""The interface every agent implements, and the batches that flow through it.
+"""The interface every agent implements, and what the agents share; the batches that flow
+through it (``StepInput``, ``ActOutput``, ``Unrolls``) are in ``seedbed.types``.
 
 The call loop, in the order the runtime uses it::
 
@@ -13,6 +14,7 @@ The call loop, in the order the runtime uses it::
     metrics = agent.learn(batch)                          # one learner update
     buffer.learned(batch)                                 # replay takes the new priorities
     copy_parameters(agent.network, net)                   # inference acts with the newest
+    agent.acting_outputs(net, step, state_rows)           # no sampling: a broadcast's error
     agent.state_dict() / agent.load_state_dict(...)       # checkpoints
 
 An agent never sees a transport, a process or a queue, so the same object runs in one process, on
@@ -22,80 +24,11 @@ many actors, or replicated.
 from __future__ import annotations
 
 import copy
-import dataclasses
 from typing import Any, Protocol
 
 import torch
 
-State = tuple[torch.Tensor, ...]  # recurrent state, each tensor [num_envs, ...]; () when none
-
-
-@dataclasses.dataclass
-class StepInput:
-    """One step of a batch of environments, as central inference hands it to ``act``.
-
-    ``done[i]`` says that ``obs[i]`` is the first observation of a new episode: ``reward[i]``
-    then is the last reward of the episode that ended, and recurrent state must be reset.
-    """
-
-    obs: torch.Tensor  # [N, *obs_shape] in the env's dtype
-    # [N, *action_shape], the action taken before obs: [N] int64 for discrete actions,
-    # [N, A] float32 for continuous ones (EnvSpec.action_shape and action_dtype)
-    prev_action: torch.Tensor
-    reward: torch.Tensor  # [N] float32, the reward that arrived with obs
-    done: torch.Tensor  # [N] bool
-    env_ids: torch.Tensor  # [N] int64, which environments these rows are
-
-
-@dataclasses.dataclass
-class ActOutput:
-    """What ``act`` returns: actions, extras recorded in the unroll, and the next state."""
-
-    action: torch.Tensor  # [N, *action_shape] in the env's action dtype, as prev_action
-    extras: dict[str, torch.Tensor]  # e.g. {"logits": [N, A]}, stored per step in unrolls
-    state: State
-
-
-@dataclasses.dataclass
-class ReplayInfo:
-    """Where a batch sampled from prioritized replay came from, and what the learner says back.
-
-    The learner scales each item's loss by ``weights`` (importance sampling) and sets
-    ``priorities``; the replay then stores them for ``indices``, unless those items were
-    overwritten meanwhile (``generations`` tells).
-    """
-
-    indices: torch.Tensor  # [B] int64 item indices in the replay
-    weights: torch.Tensor  # [B] float32 importance-sampling weights, largest 1
-    generations: torch.Tensor  # [B] int64, how often each item's row had been written
-    priorities: torch.Tensor | None = None  # [B] float, set by the agent's learn()
-
-
-@dataclasses.dataclass
-class Unrolls:
-    """B unrolls of T+1 steps each, time-major; step t+1 holds what followed step t's action.
-
-    Consecutive unrolls of one environment share a step: the last step of one is the first of the
-    next, so every transition is learned from once and the final value can bootstrap.
-    """
-
-    # obs, prev_action, reward, done, truncated, action and the agent's extras: [T+1, B, ...]
-    steps: dict[str, torch.Tensor]
-    initial_state: State  # recurrent state before step 0, each [B, ...]
-    policy_version: torch.Tensor  # [B] int64, learner version that acted each unroll's first step
-    replay: ReplayInfo | None = None  # set on batches sampled from prioritized replay
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.steps["action"].shape[1])
-
-    def to(self, device: torch.device) -> Unrolls:
-        return Unrolls(
-            {k: v.to(device, non_blocking=True) for k, v in self.steps.items()},
-            tuple(s.to(device, non_blocking=True) for s in self.initial_state),
-            self.policy_version,
-            self.replay,
-        )
+from seedbed.types import ActOutput, Buffer, State, StepInput, Unrolls
 
 
 class Agent(Protocol):
@@ -108,13 +41,22 @@ class Agent(Protocol):
 
     def unroll_layout(self, unroll: int) -> tuple[int, int]: ...
 
-    def make_buffer(self, unroll: int, queue_size: int, batch: int, seed: int) -> Any: ...
+    def make_buffer(self, unroll: int, queue_size: int, batch: int, seed: int) -> Buffer: ...
 
     def acting_network(self) -> torch.nn.Module: ...
 
     def initial_state(self, batch_size: int) -> State: ...
 
     def act(self, net: torch.nn.Module, step: StepInput, state: State) -> ActOutput: ...
+
+    def acting_outputs(
+        self, net: torch.nn.Module, step: StepInput, state: State
+    ) -> tuple[torch.Tensor, State]:
+        """The outputs of ``net`` that ``act`` picks actions by, before any sampling or
+        exploration ([N, ...]: logits or a Gaussian's parameters, Q-value advantages, actions
+        without noise), and the next state. Deterministic, so that two copies of a network can
+        be compared on it (a broadcast's quantization error). Its callers hold ``no_grad``."""
+        ...
 
     def learn(self, batch: Unrolls) -> dict[str, float]: ...
 

@@ -20,8 +20,8 @@ from typing import Literal, Protocol
 import torch
 from torch.nn import functional as F
 
-from seedbed.envs import EnvSpec
 from seedbed.errors import ConfigError
+from seedbed.types import EnvSpec
 
 Squash = Literal["clip", "tanh"]
 

@@ -18,10 +18,9 @@ import numpy as np
 import torch
 
 from seedbed.agents import make_agent
-from seedbed.agents.base import StepInput
-from seedbed.envs import EnvSpec
 from seedbed.quantize import decode_policy
 from seedbed.transport.shm import BoardHandle
+from seedbed.types import EnvSpec, StepInput
 
 Fields = tuple[tuple[str, tuple[int, ...], str], ...]  # (name, shape per env, numpy dtype)
 

@@ -4,10 +4,11 @@ Central inference at full precision takes the parameters after every update (a c
 An int8 central copy, and local actors, take a broadcast every ``--broadcast-every`` updates:
 quantized once by the learner (``seedbed.quantize``), and for local actors posted as bytes to
 their ``PolicyBoard``, without the parts acting never reads (the agent's ``acting_skips``).
-The quantization error, the largest change of the acting outputs (the forward with
-``values=False``) on the inputs of the batch just learned from, is measured on the first
-quantized broadcast after each metrics row: measuring needs a decode and two forwards, which on
-every broadcast cost a small learner as much as the update (int8 DQN on CartPole: ~10 ms each).
+The quantization error, the largest change of the acting outputs (the agent's
+``acting_outputs``: logits, Q-value advantages or noiseless actions, and the recurrent state) on
+the inputs of the batch just learned from, is measured on the first quantized broadcast after
+each metrics row: measuring needs a decode and two forwards, which on every broadcast cost a
+small learner as much as the update (int8 DQN on CartPole: ~10 ms each).
 """
 
 from __future__ import annotations
@@ -16,29 +17,30 @@ from typing import Any
 
 import torch
 
-from seedbed.agents.base import Unrolls
+from seedbed.agents.base import Agent
 from seedbed.inference.server import InferenceServer
 from seedbed.quantize import decode_policy, encode_policy, policy_error
 from seedbed.transport.shm import PolicyBoard
+from seedbed.types import State, StepInput, Unrolls
 
 _PROBE_ENVS = 64  # environments of a learned batch that the quantization error is measured on
 
 
 class PolicyPublisher:
-    """Publishes ``network`` after learner updates: to ``server``, or to local actors' ``board``."""
+    """Publishes ``agent``'s network after learner updates: to ``server``, or to local actors'
+    ``board`` (without the agent's ``acting_skips``)."""
 
     def __init__(
         self,
-        network: torch.nn.Module,
+        agent: Agent,
         server: InferenceServer,
         board: PolicyBoard | None,
         precision: str,
         every: int,
-        skip: tuple[str, ...] = (),
     ) -> None:
-        """``skip``: the agent's ``acting_skips``, left out of the bytes posted to ``board``."""
-        self.network = network
-        self.skip = skip
+        self.agent = agent
+        self.network = agent.network
+        self.skip = agent.acting_skips
         self.server = server
         self.board = board
         self.precision = precision  # the actors' (local) or central inference's
@@ -68,7 +70,8 @@ class PolicyPublisher:
             self.board.post(payload, version)
             self.broadcast_bytes = len(payload)
         if self.precision != "fp32" and batch is not None and self._error is None:
-            self._error = policy_error(self.network, self._acting(payload), _probe(batch))
+            acting, probe = self._acting(payload), _probe(batch)
+            self._error = policy_error(self.network, acting, self.agent.acting_outputs, probe)
             self._error_max = max(self._error_max, self._error)
 
     def _acting(self, payload: bytes | None) -> torch.nn.Module:
@@ -91,10 +94,13 @@ class PolicyPublisher:
         }
 
 
-def _probe(batch: Unrolls) -> tuple:
-    """The network's acting call for the first step of up to ``_PROBE_ENVS`` unrolls of
-    ``batch``: its inputs, and ``values=False`` (no value head, which acting may not have)."""
+def _probe(batch: Unrolls) -> tuple[StepInput, State]:
+    """The agent's ``acting_outputs`` inputs for the first step of up to ``_PROBE_ENVS``
+    unrolls of ``batch``: that step, and the recurrent state it was acted from."""
     envs = slice(0, _PROBE_ENVS)
-    steps = {k: batch.steps[k][:1, envs] for k in ("obs", "prev_action", "reward", "done")}
+    obs, prev_action, reward, done = (
+        batch.steps[k][0, envs] for k in ("obs", "prev_action", "reward", "done")
+    )
+    env_ids = torch.arange(len(obs), device=obs.device)  # unread: acting_outputs never explores
     state = tuple(s[envs] for s in batch.initial_state)
-    return (steps["obs"], steps["prev_action"], steps["reward"], steps["done"], state, False)
+    return StepInput(obs, prev_action, reward, done, env_ids), state

@@ -16,12 +16,12 @@ import threading
 import numpy as np
 import torch
 
-from seedbed.agents.base import Agent, StepInput, copy_parameters
+from seedbed.agents.base import Agent, copy_parameters
 from seedbed.inference.unrolls import UnrollBuilder
 from seedbed.quantize import quantize_for_inference
-from seedbed.replay import PrioritizedReplay, UnrollQueue
 from seedbed.telemetry import Stopwatch
 from seedbed.transport.base import Request, ServerTransport
+from seedbed.types import Buffer, StepInput
 
 
 @dataclasses.dataclass
@@ -59,7 +59,7 @@ class InferenceServer:
         self,
         agent: Agent,
         transport: ServerTransport,
-        queue: UnrollQueue | PrioritizedReplay,
+        queue: Buffer,
         num_envs: int,
         unroll_layout: tuple[int, int],
         max_batch: int,

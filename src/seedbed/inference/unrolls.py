@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from seedbed.agents.base import State, Unrolls
+from seedbed.types import State, Unrolls
 
 
 class UnrollBuilder:

@@ -40,22 +40,17 @@ from seedbed.errors import SeedbedError
 from seedbed.inference.local import LocalActing, acted_fields
 from seedbed.inference.publish import PolicyPublisher
 from seedbed.inference.server import InferenceServer, InferenceStats
+from seedbed.loggers import DEFAULT_LOGGERS, RunLogger
 from seedbed.quantize import encode_policy
-from seedbed.replay import PrioritizedReplay, UnrollQueue
 from seedbed.replicate import ReplicaContext, Replicator, spawn
 from seedbed.runtime.checkpoint import latest_checkpoint, load_latest, save_checkpoint
 from seedbed.runtime.rundir import check_run_dir
 from seedbed.runtime.signals import StopNow, StopSignals
 from seedbed.runtime.supervisor import ActorSupervisor
-from seedbed.telemetry import (
-    EpisodeWindow,
-    RunLogger,
-    Stopwatch,
-    plot_curve,
-    write_json_atomic,
-)
+from seedbed.telemetry import EpisodeWindow, Stopwatch, plot_curve, write_json_atomic
 from seedbed.transport.remote import ActorGateway, Assignment, read_secret
 from seedbed.transport.shm import PolicyBoard, SharedMemoryServer
+from seedbed.types import Buffer
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +120,7 @@ class TrainingRun:
         self.supervisor: ActorSupervisor | None = None  # set while running
         self.server: InferenceServer | None = None
         self.publisher: PolicyPublisher | None = None
-        self.buffer: UnrollQueue | PrioritizedReplay | None = None
+        self.buffer: Buffer | None = None
         self.gateway: ActorGateway | None = None
         self.actor_times = np.zeros((0, 2))  # per actor slot: stepping envs, waiting
         self.threads_used: dict[str, int] = {}  # torch threads, as each thread ended the run
@@ -272,12 +267,11 @@ class TrainingRun:
         )
         self._frames_base = self.frames  # the servers count this session's frames
         self.publisher = PolicyPublisher(
-            self.agent.network,
+            self.agent,
             server,
             board,
             cfg.actor_precision if local else cfg.precision,
             cfg.broadcast_every,
-            self.agent.acting_skips,
         )
         self.publisher.publish(self.learner_steps, force=True)
         acting = (
@@ -314,6 +308,8 @@ class TrainingRun:
                     resume_frames=self.frames if cfg.resume else None,
                     progress=cfg.progress,
                     console=self.console,
+                    loggers=(*DEFAULT_LOGGERS, "wandb") if cfg.wandb else DEFAULT_LOGGERS,
+                    config=self.config,
                 )
         self._acc = _Window(self.wall_offset, self.agent.metric_names)
         # Replica 0 measures for all: CodeCarbon's machine mode counts the whole machine.
@@ -328,7 +324,9 @@ class TrainingRun:
         torch.set_num_threads(self.threads["learner"])  # this thread's, not inference's
         return start
 
-    def _stop_serving(self, stop: threading.Event, queue: Any, serving: threading.Thread) -> None:
+    def _stop_serving(
+        self, stop: threading.Event, queue: Buffer, serving: threading.Thread
+    ) -> None:
         self.threads_used["learner"] = torch.get_num_threads()
         torch.set_num_threads(self.threads["inference"])  # the caller's thread as it was
         stop.set()
@@ -438,7 +436,7 @@ class TrainingRun:
         )
         return gateway
 
-    def _loop(self, queue, server, supervisor, start: float) -> str:
+    def _loop(self, queue: Buffer, server, supervisor, start: float) -> str:
         cfg = self.layout
         replicated = self.replica.num_replicas > 1
         acc = self._acc
@@ -604,8 +602,8 @@ class TrainingRun:
             "learner_replicas": self.replica.num_replicas,
             "replicas_in_sync": in_sync,
             "remote_actors": self._remote_summary(),
-            # Off-policy agents: items stored, inserted and sampled (replay is not checkpointed).
-            "replay": self.buffer.stats() if isinstance(self.buffer, PrioritizedReplay) else None,
+            # Replay's items stored, inserted and sampled (not checkpointed); None for the FIFO.
+            "replay": self.buffer.stats(),
             "target_return": cfg.target_return,
             "target_episodes": cfg.target_episodes,
             "target_reached_frames": (self.target_reached or {}).get("frames"),

@@ -16,22 +16,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from seedbed.agents.base import (
-    ActOutput,
-    ReplayLearner,
-    State,
-    StepInput,
-    Unrolls,
-    acting_copy,
-)
+from seedbed.agents.base import ReplayLearner, acting_copy
 from seedbed.agents.categorical import atoms, expected_value, n_step_distribution
 from seedbed.agents.d4pg.config import D4PGConfig
 from seedbed.agents.dqn.learning import make_replay
 from seedbed.agents.q_targets import geometric_spread
-from seedbed.envs import EnvSpec
 from seedbed.errors import ConfigError
 from seedbed.nets import MLPTorso, _scaled
 from seedbed.replay import PrioritizedReplay
+from seedbed.types import ActOutput, EnvSpec, State, StepInput, Unrolls
 
 
 class DeterministicPolicy(nn.Module):
@@ -85,23 +78,6 @@ class D4PGNetwork(nn.Module):
         self.critic = DistributionalCritic(
             env_spec.obs_shape, size, config.critic_hidden_sizes, config.num_atoms
         )
-
-    def forward(
-        self,
-        obs: torch.Tensor,
-        prev_action: torch.Tensor,
-        reward: torch.Tensor,
-        done: torch.Tensor,
-        state: State,
-        values: bool = False,
-    ) -> tuple[torch.Tensor, State]:
-        """The policy's actions [T, B, A] in [-1, 1] for inputs [T, B, ...], with the call of
-        ``ActorCriticNet`` (there are no values to skip here), so that tools that call any
-        acting network alike (the quantization error of a broadcast) can call this one; the
-        agent itself calls ``policy``."""
-        steps, batch = obs.shape[:2]
-        unit = self.policy(obs.reshape(steps * batch, *obs.shape[2:]))
-        return unit.view(steps, batch, -1), state
 
     def to_env(self, unit: torch.Tensor) -> torch.Tensor:
         """Actions [N, A] in [-1, 1] -> the env's [N, *action_shape] within its bounds."""
@@ -217,11 +193,17 @@ class D4PGAgent(ReplayLearner):
     @torch.no_grad()
     def act(self, net: D4PGNetwork, step: StepInput, state: State) -> ActOutput:
         """The policy's action plus each env's Gaussian noise, clipped to the bounds."""
-        unit = net.policy(step.obs)
+        unit, state = self.acting_outputs(net, step, state)
         if self.sigmas is not None:
             noise = self.sigmas[step.env_ids].unsqueeze(-1) * torch.randn_like(unit)
             unit = (unit + noise).clamp(-1.0, 1.0)
         return ActOutput(net.to_env(unit), {}, state)
+
+    def acting_outputs(
+        self, net: D4PGNetwork, step: StepInput, state: State
+    ) -> tuple[torch.Tensor, State]:
+        """The policy's actions [N, A] in [-1, 1], before noise, and the (empty) state."""
+        return net.policy(step.obs), state
 
     def loss(self, batch: Unrolls) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Policy and critic terms (one optimizer steps both) and each item's priority."""

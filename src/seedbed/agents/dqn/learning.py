@@ -12,14 +12,7 @@ from typing import Any
 
 import torch
 
-from seedbed.agents.base import (
-    ActOutput,
-    ReplayLearner,
-    State,
-    StepInput,
-    Unrolls,
-    acting_copy,
-)
+from seedbed.agents.base import ReplayLearner, acting_copy
 from seedbed.agents.dqn.config import DQNConfig, ReplayLayout
 from seedbed.agents.q_targets import (
     exploration_epsilons,
@@ -28,9 +21,9 @@ from seedbed.agents.q_targets import (
     sequence_priorities,
     value_rescale,
 )
-from seedbed.envs import EnvSpec
 from seedbed.nets import ActorCriticNet, make_actor_critic, torso_dtype
 from seedbed.replay import PrioritizedReplay
+from seedbed.types import ActOutput, EnvSpec, State, StepInput, Unrolls
 
 _INPUTS = ("obs", "prev_action", "reward", "done")
 
@@ -166,6 +159,14 @@ class QAgent(ReplayLearner):
             random = torch.randint_like(action, self.num_actions)
             action = torch.where(explore, random, action)
         return ActOutput(action, {}, state)
+
+    def acting_outputs(
+        self, net: ActorCriticNet, step: StepInput, state: State
+    ) -> tuple[torch.Tensor, State]:
+        """The Q-value advantages [N, A] (the greedy action is their argmax: the dueling value
+        adds the same to every action) and the next state."""
+        advantages, _, state = net(*(getattr(step, k)[None] for k in _INPUTS), state, values=False)
+        return advantages[0], state
 
     def loss(self, batch: Unrolls) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         return q_learning_loss(self.network, self.target_network, batch, self.config)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from seedbed.agents.base import Unrolls, optimizer_step
+from seedbed.agents.base import optimizer_step
 from seedbed.agents.policies import Policy, make_policy
 from seedbed.agents.ppo.config import PPOConfig
 from seedbed.agents.vtrace.learning import (
@@ -27,8 +27,8 @@ from seedbed.agents.vtrace.learning import (
     value_scale,
     vtrace_targets,
 )
-from seedbed.envs import EnvSpec
 from seedbed.nets import ActorCriticNet
+from seedbed.types import EnvSpec, Unrolls
 
 
 def gae(

@@ -6,22 +6,15 @@ from typing import Any
 
 import torch
 
-from seedbed.agents.base import (
-    ActOutput,
-    State,
-    StepInput,
-    Unrolls,
-    acting_copy,
-    optimizer_step,
-)
+from seedbed.agents.base import acting_copy, optimizer_step
 from seedbed.agents.policies import CategoricalPolicy, Policy
 from seedbed.agents.vtrace.config import VTraceConfig
 from seedbed.agents.vtrace_targets import VTraceReturns, vtrace_from_importance_weights
-from seedbed.envs import EnvSpec
 from seedbed.nets import ActorCriticNet, make_actor_critic, torso_dtype
 from seedbed.normalize import PopArtValue
 from seedbed.replay import UnrollQueue
 from seedbed.replicate import replica_context
+from seedbed.types import ActOutput, EnvSpec, State, StepInput, Unrolls
 
 CATEGORICAL = CategoricalPolicy()
 
@@ -196,6 +189,15 @@ class VTraceAgent:
     @torch.no_grad()
     def act(self, net: ActorCriticNet, step: StepInput, state: State) -> ActOutput:
         """Sample an action per environment from the policy."""
+        params, state = self.acting_outputs(net, step, state)
+        action, extras = self.policy.sample(params)
+        return ActOutput(action, extras, state)
+
+    def acting_outputs(
+        self, net: ActorCriticNet, step: StepInput, state: State
+    ) -> tuple[torch.Tensor, State]:
+        """The policy's parameters [N, P] (logits, or a Gaussian's mean and log-std) and the
+        next state."""
         params, _, state = net(
             step.obs[None],
             step.prev_action[None],
@@ -204,8 +206,7 @@ class VTraceAgent:
             state,
             values=False,  # acting needs only the policy
         )
-        action, extras = self.policy.sample(params[0])
-        return ActOutput(action, extras, state)
+        return params[0], state
 
     def learn(self, batch: Unrolls) -> dict[str, float]:
         """One optimizer step on ``batch``; returns the loss terms and diagnostics. The

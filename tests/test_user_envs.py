@@ -1,0 +1,123 @@
+"""Users' own environments, named ``module:EnvId`` (Gymnasium's convention), and the Python API:
+trained by local actors, remote ``seedbed actor`` processes and Ray actors, each of which
+imports the module. The env is the one ``examples/corridor.py`` defines, which takes no
+``render_mode`` argument, as many users' envs do not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import seedbed
+from seedbed.config import TrainConfig
+from seedbed.envs import check_env_id, make_spec
+from seedbed.errors import ConfigError
+from tests.conftest import finish
+from tests.runtime.test_launch import launch, nothing_left_behind  # noqa: F401 - a fixture
+from tests.runtime.test_remote_training import learner, start
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+CORRIDOR = "corridor:Corridor-v0"
+SOLVED = ("--target-return", "0.9", "--total-frames", "1000000")
+
+
+@pytest.fixture
+def examples_on_path(monkeypatch):
+    """The examples folder importable here and in every process started from here."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    path = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(EXAMPLES), path])))
+
+
+def test_a_module_that_cannot_be_imported_is_one_line():
+    with pytest.raises(ConfigError, match="cannot import 'no_such_module'.*PYTHONPATH") as error:
+        check_env_id("no_such_module:Corridor-v0")
+    assert "\n" not in str(error.value)
+
+
+def test_a_module_without_the_id_suggests_what_it_registered(examples_on_path):
+    with pytest.raises(ConfigError, match="registered no such id.*did you mean Corridor-v0"):
+        check_env_id("corridor:Coridor-v0")
+
+
+def test_the_spec_of_a_users_env(examples_on_path):
+    spec = make_spec(CORRIDOR)
+    assert spec.env_id == CORRIDOR and spec.obs_shape == (1,) and spec.num_actions == 2
+
+
+def summary_of(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_local_actors_train_a_users_env_from_the_cli(tmp_path, no_leaks, examples_on_path):
+    run = tmp_path / "run"
+    proc = start("train", "--env", CORRIDOR, "--run-dir", str(run), "--no-progress", *SOLVED)
+    code, _, err = finish(proc)
+    assert code == 0, err[-2000:]
+    assert summary_of(run)["stop_reason"] == "target_return"
+
+
+@pytest.mark.slow
+def test_a_remote_actor_imports_the_users_module(tmp_path, no_leaks, examples_on_path):
+    run = tmp_path / "run"
+    lr, address = learner(run, "--env", CORRIDOR, *SOLVED)
+    actors = [start("actor", "--connect", address) for _ in range(2)]
+    code, _, err = finish(lr)
+    assert code == 0, err[-2000:]
+    assert summary_of(run)["stop_reason"] == "target_return"
+    for actor in actors:
+        assert finish(actor, 30)[0] == 0
+
+
+@pytest.mark.slow
+def test_ray_actors_import_the_users_module(tmp_path, nothing_left_behind, examples_on_path):  # noqa: F811
+    code, _, err = finish(launch(tmp_path / "run", "--env", CORRIDOR, *SOLVED))
+    assert code == 0, err[-3000:]
+    assert summary_of(tmp_path / "run")["stop_reason"] == "target_return"
+
+
+@pytest.mark.slow
+def test_the_example_script_trains_and_evaluates(tmp_path, no_leaks):
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "train_corridor.py")],
+        cwd=tmp_path,  # its run goes to ./runs
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("target_return after"), proc.stdout
+    assert "evaluation: mean return" in proc.stdout
+    assert list((tmp_path / "runs").glob("corridor_Corridor-v0-ppo-*/summary.json"))
+
+
+def test_the_python_api_checks_settings_as_the_flags_are():
+    with pytest.raises(ConfigError, match="--epochs and --minibatches must be >= 1"):
+        seedbed.train(env="CartPole-v1", epochs=0)
+    with pytest.raises(ConfigError, match="unknown setting 'totl_frames'"):
+        seedbed.train(totl_frames=10)
+    with pytest.raises(ConfigError, match="--episodes must be positive"):
+        seedbed.evaluate("no-run", episodes=0)
+
+
+@pytest.mark.slow
+def test_the_python_api_trains_from_a_train_config_and_evaluates(tmp_path, no_leaks):
+    base = TrainConfig(env="CartPole-v1", agent="vtrace", total_frames=4000, target_return=None)
+    summary = seedbed.train(base, run_dir=str(tmp_path / "run"), progress=False, lr=1e-3)
+    assert summary["agent"] == "vtrace" and summary["stop_reason"] == "total_frames"
+    assert summary_of(tmp_path / "run")["frames"] == summary["frames"] >= 4000
+    result = seedbed.evaluate(tmp_path / "run", episodes=2)
+    assert result["env"] == "CartPole-v1" and len(result["returns"]) == 2
+
+
+def test_a_video_of_an_env_without_render_mode_is_refused_in_one_line(examples_on_path):
+    from seedbed.envs import make_env
+
+    with pytest.raises(ConfigError, match="takes no render_mode argument"):
+        make_env(CORRIDOR, render_mode="rgb_array")
