@@ -113,3 +113,23 @@ def test_football_torso_is_seeds_four_stack_resnet():
     logits, values, _ = net(obs, actions, rewards, done, ())
     assert logits.shape == (2, 3, 19) and values.shape == (2, 3)
     assert values.abs().max() < 0.5  # the value head starts near zero (nets.FootballResNet)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepared_observations_reach_the_torso_as_normalizing_each_pass_would(dtype):
+    """A learner that prepares a batch once (normalized, in the torso's dtype) gets the outputs
+    that normalizing in every pass gives: the torso sees the values autocast would cast to."""
+    torch.manual_seed(0)
+    net = make_actor_critic(ATARI, (), None, torso="nature", normalize_obs=True, torso_dtype=dtype)
+    obs, *rest = inputs(ATARI, 3, 4)
+    net.obs_norm.update(obs)
+    prepared = net.prepare(obs)
+    assert prepared.dtype == dtype
+    with torch.no_grad():
+        logits, values, _ = net(obs, *rest, ())
+        again, values_again, _ = net(prepared, *rest, (), prepared=True)
+    assert torch.equal(logits, again) and torch.equal(values, values_again)
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=dtype != torch.float32):
+        from_float32 = net.torso(net.obs_norm(obs.flatten(0, 1)))  # autocast casts the input
+        from_prepared = net.torso(prepared.flatten(0, 1))
+    assert torch.equal(from_float32, from_prepared)

@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from seedbed.agents import make_agent
 from seedbed.agents.policies import GaussianPolicy
-from seedbed.agents.ppo.learning import batch_targets, gae, ppo_loss
+from seedbed.agents.ppo.learning import batch_targets, gae, ppo_loss, prepared
 from seedbed.config import resolve
 from seedbed.errors import ConfigError
 from seedbed.runtime.train import train
@@ -59,8 +59,9 @@ def test_the_clipped_surrogate_matches_a_loop_over_the_paper():
     agent, batch, config = agent_and_batch(normalize_advantages=False, value_clip=0.1)
     for _ in range(3):  # move the policy away from the one that acted, so ratios leave 1
         agent.learn(batch)
-    targets = batch_targets(agent.network, batch, config, agent.policy)
-    terms, stats = ppo_loss(agent.network, batch, targets, config, agent.policy)
+    ready = prepared(agent.network, batch)
+    targets = batch_targets(agent.network, ready, config, agent.policy)
+    terms, stats = ppo_loss(agent.network, ready, targets, config, agent.policy)
     s = batch.steps
     with torch.no_grad():
         logits, values, _ = agent.network(
@@ -97,9 +98,10 @@ def test_vtrace_advantages_on_policy_give_the_gae_returns():
             s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state
         )
     s["logits"] = logits  # on-policy: every importance weight is 1
-    vtrace = batch_targets(agent.network, batch, config, agent.policy)
+    ready = prepared(agent.network, batch)
+    vtrace = batch_targets(agent.network, ready, config, agent.policy)
     config.advantages = "gae"
-    plain = batch_targets(agent.network, batch, config, agent.policy)
+    plain = batch_targets(agent.network, ready, config, agent.policy)
     assert torch.allclose(vtrace["returns"], plain["returns"], atol=1e-5)
 
 

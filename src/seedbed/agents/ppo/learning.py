@@ -57,12 +57,13 @@ def gae(
 def batch_targets(
     net: ActorCriticNet, batch: Unrolls, config: PPOConfig, policy: Policy
 ) -> dict[str, torch.Tensor]:
-    """What every minibatch of ``batch`` is learned against, each ``[T, B]``: advantages, value
-    targets, the values before the update and the acting policy's log-probabilities."""
+    """What every minibatch of ``batch`` (its observations prepared: ``prepared``) is learned
+    against, each ``[T, B]``: advantages, value targets, the values before the update and the
+    acting policy's log-probabilities."""
     s = batch.steps
     with torch.no_grad():
         params, values, _ = net(
-            s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state
+            s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state, prepared=True
         )
         if config.advantages == "vtrace":
             targets, _ = vtrace_targets(s, params, values, config, policy)
@@ -83,11 +84,13 @@ def ppo_loss(
     config: PPOConfig,
     policy: Policy,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """PPO's loss on (a minibatch of) unrolls, as named terms whose sum is minimised, and its
-    diagnostics: the approximate KL from the acting policy and the fraction of clipped ratios.
-    With PopArt, value errors are measured in units of the targets' running deviation."""
+    """PPO's loss on (a minibatch of) unrolls, their observations prepared (``prepared``), as
+    named terms whose sum is minimised, and its diagnostics: the approximate KL from the acting
+    policy and the fraction of clipped ratios. With PopArt, value errors are measured in units
+    of the targets' running deviation."""
     s = batch.steps
-    params, values, _ = net(s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state)
+    inputs = s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state
+    params, values, _ = net(*inputs, prepared=True)
     params, values = params[:-1], values[:-1]
     log_ratio = policy.log_prob(params, s) - targets["acted"]
     ratio = log_ratio.exp()
@@ -112,6 +115,13 @@ def ppo_loss(
             "clip_fraction": float(((ratio - 1).abs() > eps).float().mean()),
         }
     return terms, stats
+
+
+def prepared(net: ActorCriticNet, batch: Unrolls) -> Unrolls:
+    """``batch`` with its observations as ``net``'s torso reads them, so that the epochs over
+    it normalize them once."""
+    steps = {**batch.steps, "obs": net.prepare(batch.steps["obs"])}
+    return Unrolls(steps, batch.initial_state, batch.policy_version)
 
 
 def _select(batch: Unrolls, rows: torch.Tensor) -> Unrolls:
@@ -161,6 +171,7 @@ class PPOAgent(VTraceAgent):
         the targets computed) PopArt's statistics, so all its epochs see the same ones."""
         cfg = self.config
         observe(self.network, batch)
+        batch = prepared(self.network, batch)
         targets = batch_targets(self.network, batch, cfg, self.policy)
         rescale_values(self.network, targets["returns"])
         sums: dict[str, float] = {}
