@@ -1,14 +1,18 @@
-"""Learner samples/s with 1 and N learner replicas: the replicated learner's scaling.
+"""Learner samples/s with 1 and N learner replicas: the replicated learner's scaling, and
+what one learner batch costs each agent and torso dtype.
 
-Each replica runs the V-trace learner (``agent.learn``, as ``seedbed train --learner-replicas``
-does) on its share of a fixed global batch of B unrolls of T steps, with gradients averaged over
-replicas every step; no actors, so only learning and the gradient all-reduce are timed. Prints
-JSON with the machine: per replica count, learner steps/s and samples/s (B x T env steps learned
-per second), and the speed-up over the faster single replica (with one thread, or with as many
-threads as cores: small networks run slower on more threads).
+Each replica runs an agent's learner (``agent.learn``, as ``seedbed train --learner-replicas``
+does; V-trace unless ``--agent``) on its share of a fixed global batch of B unrolls of T steps,
+with gradients averaged over replicas every step; no actors, so only learning and the gradient
+all-reduce are timed. B and T are the agent's run defaults for the env unless given. Prints
+JSON with the machine: per replica count, learner steps/s, samples/s (B x T env steps learned
+per second) and frames/s (samples x the env's frame skip: the most frames/s a run whose learner
+is its bound can reach), and the speed-up over the faster single replica (with one thread, or
+with as many threads as cores: small networks run slower on more threads).
 
     python bench/learner.py                            # CartPole's MLP, then Atari's Nature CNN
     python bench/learner.py --env atari:Pong --batch 32 --unroll 20 --replicas 1 2
+    python bench/learner.py --env atari:Pong --agent ppo --replicas 1 --torso-dtype float32
 """
 
 from __future__ import annotations
@@ -49,13 +53,19 @@ def synthetic_batch(spec, num_actions: int, batch: int, unroll: int, seed: int) 
     return Unrolls(steps, (), torch.zeros(batch, dtype=torch.int64))
 
 
-def measure(env: str, batch: int, unroll: int, steps: int, warmup: int) -> dict:
+def settings(env: str, agent: str, batch: int | None, unroll: int | None, dtype: str | None):
+    """The run's settings: the agent's defaults for ``env``, with what the command gave."""
+    given = {"batch": batch, "queue_size": batch, "unroll": unroll, "torso_dtype": dtype}
+    return resolve([{"env": env, "agent": agent, **{k: v for k, v in given.items() if v}}])
+
+
+def measure(env: str, agent: str, batch: int, unroll: int, steps: int, warmup: int, dtype) -> dict:
     """One replica's part: learn ``steps`` times on its share of the batch; its steps/s."""
     with Replicator(device="cpu") as rep:
-        config = resolve([{"env": env, "batch": batch, "queue_size": batch, "unroll": unroll}])
+        config = settings(env, agent, batch, unroll, dtype)
         spec = make_spec(env, config.train.atari_settings())
         torch.manual_seed(0)
-        agent = make_agent("vtrace", spec, config.agent, rep.device, batch)
+        agent = make_agent(agent, spec, config.agent, rep.device, batch)
         rep.wrap_optimizer(agent.optimizer)
         share = batch // rep.num_replicas
         unrolls = synthetic_batch(spec, spec.num_actions, share, unroll, rep.replica_id)
@@ -67,23 +77,31 @@ def measure(env: str, batch: int, unroll: int, steps: int, warmup: int) -> dict:
             agent.learn(unrolls)
         rep.barrier()
         seconds = time.perf_counter() - start
-        return {"seconds": seconds, "threads": torch.get_num_threads()}
+        dtype = str(getattr(agent.network, "torso_dtype", torch.float32))
+        return {"seconds": seconds, "threads": torch.get_num_threads(), "torso_dtype": dtype}
 
 
-def run(
-    env: str, replicas: int, batch: int, unroll: int, steps: int, warmup: int, threads: int = 1
-) -> dict:
+def run(args: argparse.Namespace, env: str, replicas: int, steps: int, threads: int = 1) -> dict:
+    config = settings(env, args.agent, args.batch, args.unroll, args.torso_dtype)
+    batch, unroll = config.train.batch, config.train.unroll
+    spec = (env, args.agent, batch, unroll, steps, args.warmup, args.torso_dtype)
     if replicas == 1:
         torch.set_num_threads(threads)
-        results = [measure(env, batch, unroll, steps, warmup)]
+        results = [measure(*spec)]
     else:  # spawn gives each replica its share of the cores
-        results = spawn(replicas, measure, env, batch, unroll, steps, warmup)
+        results = spawn(replicas, measure, *spec)
     seconds = max(r["seconds"] for r in results)
+    samples = steps * batch * unroll / seconds
     return {
         "replicas": replicas,
         "threads_per_replica": results[0]["threads"],
+        "batch": batch,
+        "unroll": unroll,
+        "torso_dtype": results[0]["torso_dtype"].removeprefix("torch."),
+        "seconds_per_learner_step": round(seconds / steps, 3),
         "learner_steps_per_s": round(steps / seconds, 2),
-        "samples_per_s": round(steps * batch * unroll / seconds, 1),
+        "samples_per_s": round(samples, 1),
+        "frames_per_s": round(samples * (4 if env.startswith("atari:") else 1), 1),
     }
 
 
@@ -91,16 +109,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", nargs="+", default=["CartPole-v1", "atari:Pong"])
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--batch", type=int, default=32, help="global batch B (unrolls)")
-    parser.add_argument("--unroll", type=int, default=20, help="steps T per unroll")
+    parser.add_argument("--agent", default="vtrace", help="the agent whose learner is timed")
+    parser.add_argument("--batch", type=int, help="global batch B (unrolls; default: the agent's)")
+    parser.add_argument("--unroll", type=int, help="steps T per unroll (default: the agent's)")
+    parser.add_argument("--torso-dtype", choices=["float32", "bfloat16", "auto"])
     parser.add_argument("--steps", type=int, default=None, help="timed learner steps")
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
-    report = {"machine": machine(), "batch": args.batch, "unroll": args.unroll, "results": []}
+    report = {"machine": machine(), "agent": args.agent, "results": []}
     for env in args.env:
         steps = args.steps or (200 if not env.startswith("atari:") else 20)
         rows = [
-            run(env, n, args.batch, args.unroll, steps, args.warmup, threads)
+            run(args, env, n, steps, threads)
             for n in args.replicas
             for threads in ({1, os.cpu_count() or 1} if n == 1 else {0})
         ]
