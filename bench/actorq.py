@@ -56,7 +56,7 @@ from seedbed.config import resolve
 from seedbed.envs import make_vector_env
 from seedbed.inference.local import LocalActing, LocalPolicy
 from seedbed.quantize import PRECISIONS, decode_policy, encode_policy
-from seedbed.transport.shm import PolicyBoard
+from seedbed.transport.board import SharedMemoryBoard
 from seedbed.types import EnvSpec
 
 SPEC = EnvSpec("CartPole-v1", (4,), "float32", 2)
@@ -109,11 +109,11 @@ def act(policy: LocalPolicy | None, envs, seconds: float) -> tuple[int, float]:
     return steps, time.perf_counter() - start
 
 
-def local_policies(net: nn.Module, config, num_envs: int) -> tuple[dict, list[PolicyBoard]]:
+def local_policies(net: nn.Module, config, num_envs: int) -> tuple[dict, list[SharedMemoryBoard]]:
     """An actor's ``LocalPolicy`` per precision, each reading its own board with ``net`` on it."""
     policies, boards = {}, []
     for precision in PRECISIONS:
-        board = PolicyBoard(len(encode_policy(net, "fp32", 0, SKIP)) + 64)
+        board = SharedMemoryBoard(len(encode_policy(net, "fp32", 0, SKIP)) + 64)
         board.post(encode_policy(net, precision, 1, SKIP), 1)
         acting = LocalActing("vtrace", config, SPEC, num_envs, board.handle)
         policies[precision] = LocalPolicy(acting, 0, num_envs, seed=0)

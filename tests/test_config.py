@@ -72,6 +72,8 @@ def test_saved_config_round_trips():
         ({"precision": "int4"}, "--precision"),
         ({"learner_replicas": 0}, "--learner-replicas must be positive, got 0"),
         ({"learner_threads": -1}, "--learner-threads must be >= 0, got -1"),
+        ({"transport": "grpc"}, "--transport grpc: unknown; choose one of shm"),
+        ({"transport": "inprocess"}, "--transport inprocess reaches only threads"),
         (
             {"learner_replicas": 2, "actors": 3},
             "--actors 3 does not split evenly over --learner-replicas 2",

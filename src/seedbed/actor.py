@@ -22,13 +22,15 @@ import numpy as np
 from seedbed.atari import AtariSettings
 from seedbed.envs import make_vector_env
 from seedbed.errors import SeedbedError
+from seedbed.transport.base import ActorTransport, Endpoint
 
 log = logging.getLogger(__name__)
 
 
-def act(client: Any, envs: Any, seed: int, policy: Any = None) -> None:
+def act(client: ActorTransport, envs: Any, seed: int, policy: Any = None) -> None:
     """Step ``envs`` until the client raises ConnectionError: with the actions ``client.call``
-    returns, or with those ``policy`` (a ``LocalPolicy``) picks."""
+    returns, or with those ``policy`` (a ``LocalPolicy``) picks (the call loops of
+    ``seedbed.transport.base``)."""
     num_envs = envs.num_envs
     obs, _ = envs.reset(seed=seed)
     reward = np.zeros(num_envs, np.float32)
@@ -51,7 +53,7 @@ def act(client: Any, envs: Any, seed: int, policy: Any = None) -> None:
 
 
 def run_actor(
-    endpoint: Any,
+    endpoint: Endpoint,
     env_id: str,
     num_envs: int,
     settings: AtariSettings | None,
@@ -94,7 +96,7 @@ def _remote_policy(client: Any, settings: AtariSettings | None) -> Any:
     local = job.local
     agent_config = build(config_class(local["agent"]), local["agent_config"])
     spec = make_spec(job.env_id, settings)
-    acting = LocalActing(local["agent"], agent_config, spec, local["num_envs"], client)
+    acting = LocalActing(local["agent"], agent_config, spec, local["num_envs"], client.board)
     return LocalPolicy(acting, local["first_env"], job.num_envs, job.seed)
 
 

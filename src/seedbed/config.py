@@ -91,6 +91,13 @@ class TrainConfig:
     log_every_s: float = setting(1.0, "seconds between metrics rows")
     max_actor_restarts: int = setting(20, "give up once actors have been restarted this often")
     progress: bool = setting(True, "show the live progress display")
+    # A name in seedbed.transport.TRANSPORTS, checked there (a new backend needs no line here).
+    transport: str = setting(
+        "shm",
+        "how actor processes on this host reach the learner, a name in "
+        "seedbed.transport.TRANSPORTS (shm: shared memory); remote actors (--listen) come over "
+        "gRPC into the same server",
+    )
     # Remote actors (seedbed actor --connect) over gRPC; see seedbed.transport.remote.
     listen: str | None = setting(
         None, "serve remote actors on HOST:PORT (port 0: any free one) or unix:PATH"
@@ -185,6 +192,9 @@ class TrainConfig:
         if self.learner_replicas > 1:
             self._check_replicas()
         self._check_inference()
+        from seedbed.transport import check_transport  # no torch, and no backend unless valid
+
+        check_transport(self.transport, actor_processes=True)
         if self.resume and not self.run_dir:
             raise ConfigError("--resume needs --run-dir naming the run to continue")
 

@@ -1,5 +1,5 @@
-"""Local inference: what actors acted travels through shared memory, the policy board, the
-actor's own policy, and the server recording instead of acting."""
+"""Local inference over every registered transport backend: what actors acted travels with their
+steps, the policy board, the actor's own policy, and the server recording instead of acting."""
 
 from __future__ import annotations
 
@@ -9,16 +9,19 @@ import numpy as np
 import pytest
 import torch
 
+from seedbed.actor import act
 from seedbed.agents import make_agent
 from seedbed.config import resolve
+from seedbed.envs import make_spec, make_vector_env
 from seedbed.inference.local import LocalActing, LocalPolicy, acted_fields
 from seedbed.inference.server import InferenceServer
 from seedbed.quantize import encode_policy
 from seedbed.replay import UnrollQueue
-from seedbed.transport.base import Request
+from seedbed.transport import backend
+from seedbed.transport.base import Request, TransportSpec
 from seedbed.transport.inprocess import InProcessServer
-from seedbed.transport.shm import PolicyBoard, SharedMemoryServer
 from seedbed.types import EnvSpec
+from tests.transport.backends import Harness, each_backend, exit_code, start
 
 SPEC = EnvSpec("test", (3,), "float32", 2)
 FIELDS = (("action", (), "int64"), ("version", (), "int64"), ("logits", (2,), "float32"))
@@ -45,17 +48,14 @@ def _local_actor(endpoint, actor: int, envs: int) -> None:
     client.close()
 
 
-def test_what_actors_acted_travels_with_their_steps(no_leaks):
-    ctx = multiprocessing.get_context("spawn")
+@each_backend
+def test_what_actors_acted_travels_with_their_steps(name, no_leaks):
     actors, envs = 2, 3
-    server = SharedMemoryServer(actors, envs, (3,), "float32", ctx, acted=FIELDS)
-    procs = []
+    b = Harness(name, TransportSpec(actors, envs, (3,), "float32", acted=FIELDS))
+    server = b.server
     try:
         for actor in range(actors):
-            endpoint = server.connect(actor)
-            procs.append(ctx.Process(target=_local_actor, args=(endpoint, actor, envs)))
-            procs[-1].start()
-            endpoint.close_parent_copy()
+            b.launch(actor, _local_actor, envs)
         served = 0
         while served < actors * envs * STEPS:
             request = server.recv(actors * envs, 0.01)
@@ -64,13 +64,11 @@ def test_what_actors_acted_travels_with_their_steps(no_leaks):
             for actor in np.unique(request.env_ids // envs):
                 mine = request.env_ids // envs == actor
                 t = int(request.obs[mine][0, 0])
-                for name, want in _acted(int(actor), t, envs).items():
-                    np.testing.assert_array_equal(request.acted[name][mine], want)
+                for field, want in _acted(int(actor), t, envs).items():
+                    np.testing.assert_array_equal(request.acted[field][mine], want)
             served += len(request.env_ids)
             server.send(request, request.acted["action"])
-        for p in procs:
-            p.join(30)
-        assert [p.exitcode for p in procs] == [0] * actors
+        assert b.exit_codes() == [0] * actors
     finally:
         server.close()
 
@@ -90,23 +88,23 @@ def _reader(handle, posts: int, bad) -> None:
     board.close()
 
 
-def test_the_policy_board_never_gives_a_torn_or_old_post(no_leaks):
-    ctx = multiprocessing.get_context("spawn")
+@each_backend
+def test_the_policy_board_never_gives_a_torn_or_old_post(name, no_leaks):
     posts = 2000
-    board = PolicyBoard(posts)
-    bad = ctx.Value("b", 0)
-    reader = ctx.Process(target=_reader, args=(board.handle, posts, bad))
+    board = backend(name).make_board(posts)
+    bad = multiprocessing.get_context("spawn").Value("b", 0)
+    own = board.handle.open()  # the learner's own reader
     try:
-        assert board.read(-1) is None  # nothing posted yet
-        reader.start()
+        assert own.read(-1) is None  # nothing posted yet
+        reader = start(name, _reader, board.handle, posts, bad)
         for version in range(posts):
             board.post(bytes([version % 251]) * (version + 1), version)
-        reader.join(60)
-        assert reader.exitcode == 0 and bad.value == 0
-        assert board.read(posts - 1) is None  # nothing newer
+        assert exit_code(reader, 60) == 0 and bad.value == 0
+        assert own.read(posts - 1) is None  # nothing newer
         with pytest.raises(ValueError, match="exceeds the board"):
             board.post(b"x" * (posts + 1), posts)
     finally:
+        own.close()
         board.close()
 
 
@@ -115,12 +113,13 @@ def _agent(hidden: str = "8", **settings):
     return make_agent(config.train.agent, SPEC, config.agent, "cpu", 8), config
 
 
+@each_backend
 @pytest.mark.parametrize("lstm", [False, True])
-def test_an_actors_policy_acts_with_the_newest_broadcast(lstm, no_leaks):
+def test_an_actors_policy_acts_with_the_newest_broadcast(name, lstm, no_leaks):
     torch.manual_seed(0)
     agent, config = _agent(hidden="256,256", lstm=lstm, lstm_size=8)
     skip = agent.acting_skips  # the policy alone travels, as the learner posts it
-    board = PolicyBoard(len(encode_policy(agent.network, "fp32", 0, skip)) + 64)
+    board = backend(name).make_board(len(encode_policy(agent.network, "fp32", 0, skip)) + 64)
     try:
         board.post(encode_policy(agent.network, "int8", 3, skip), 3)
         acting = LocalActing("vtrace", config.agent, SPEC, 8, board.handle)
@@ -170,7 +169,8 @@ def test_the_server_records_what_local_actors_acted():
     assert unrolls.policy_version.tolist() == [0, 5]
 
 
-def test_the_publisher_measures_the_first_broadcast_after_each_metrics_row(no_leaks):
+@each_backend
+def test_the_publisher_measures_the_first_broadcast_after_each_metrics_row(name, no_leaks):
     from seedbed.inference.publish import PolicyPublisher
     from seedbed.quantize import decode_policy, policy_error
     from seedbed.types import StepInput, Unrolls
@@ -178,7 +178,8 @@ def test_the_publisher_measures_the_first_broadcast_after_each_metrics_row(no_le
     torch.manual_seed(0)
     agent, _ = _agent(hidden="256,256")
     net, skip = agent.network, agent.acting_skips
-    board = PolicyBoard(len(encode_policy(net, "fp32", 0, skip)) + 64)
+    board = backend(name).make_board(len(encode_policy(net, "fp32", 0, skip)) + 64)
+    reader = board.handle.open()
     steps = {
         "obs": torch.randn(2, 8, 3),
         "prev_action": torch.zeros(2, 8, dtype=torch.int64),
@@ -197,7 +198,7 @@ def test_the_publisher_measures_the_first_broadcast_after_each_metrics_row(no_le
                     for p in net.parameters():
                         p.mul_(1.5)  # each broadcast quantizes a different policy
                 publisher.publish(version, batch)
-                payload, posted = board.read(version - 1)
+                payload, posted = reader.read(version - 1)
                 assert posted == version  # every due broadcast is posted
                 if expected is None:
                     decoded = decode_policy(payload, net, skip)[0]
@@ -206,4 +207,61 @@ def test_the_publisher_measures_the_first_broadcast_after_each_metrics_row(no_le
             assert metrics["quantization_error"] == pytest.approx(expected, rel=1e-6)
             assert metrics["broadcast_bytes"] == len(payload)
     finally:
+        reader.close()
         board.close()
+
+
+def _acting_actor(endpoint, actor: int, acting: LocalActing, envs: int) -> None:
+    """A local actor as ``run_actor`` runs one, minus its signal handlers (it may be a thread):
+    it acts with the board's policy until the learner goes away."""
+    client = endpoint.open()
+    vec = make_vector_env("CartPole-v1", envs, actor, None)
+    policy = LocalPolicy(acting, actor * envs, envs, seed=actor)
+    try:
+        act(client, vec, actor, policy)
+    except ConnectionError:
+        pass  # the learner closed the transport: the run is over
+    finally:
+        client.close()
+        vec.close()
+        policy.close()
+
+
+@each_backend
+def test_local_actors_act_through_each_backend_and_the_server_records_them(name, no_leaks):
+    """Real local actors (``act`` with a ``LocalPolicy``) over the backend, as in a run: the
+    unrolls the server records carry the posted policy's version and valid actions."""
+    threads = torch.get_num_threads()  # an actor thread sets its own count to 1
+    torch.manual_seed(0)
+    spec = make_spec("CartPole-v1")
+    actors, envs, version = 2, 2, 5
+    config = resolve([{"agent": "vtrace", "hidden_sizes": "8"}])
+    agent = make_agent("vtrace", spec, config.agent, "cpu", actors * envs)
+    acted = acted_fields(agent, spec)
+    transport = TransportSpec(actors, envs, spec.obs_shape, spec.obs_dtype, acted=acted)
+    b = Harness(name, transport)
+    skip = agent.acting_skips
+    board = backend(name).make_board(len(encode_policy(agent.network, "fp32", 0, skip)) + 64)
+    board.post(encode_policy(agent.network, "fp32", version, skip), version)
+    queue = UnrollQueue(100)
+    layout = agent.unroll_layout(4)
+    server = InferenceServer(agent, b.server, queue, actors * envs, layout, 4, 0.002, "cpu")
+    try:
+        acting = LocalActing("vtrace", config.agent, spec, actors * envs, board.handle)
+        for actor in range(actors):
+            b.launch(actor, _acting_actor, acting, envs)
+        unrolls = None
+        while unrolls is None:
+            request = b.server.recv(actors * envs, 0.002)
+            if request is not None:
+                assert request.acted is not None and set(request.acted) == {n for n, *_ in acted}
+                server.step(request)
+            unrolls = queue.get(2 * actors * envs, timeout=0)
+        assert unrolls.policy_version.tolist() == [version] * (2 * actors * envs)
+        assert set(unrolls.steps["action"].reshape(-1).tolist()) <= {0, 1}
+    finally:
+        b.server.close()
+        codes = b.exit_codes()
+        board.close()
+        torch.set_num_threads(threads)
+    assert codes == [0] * actors

@@ -271,13 +271,13 @@ def test_unix_socket(learner, tmp_path):
 def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks):
     """Local inference over gRPC: steps carry the acted fields into shared memory; the policy
     comes with the assignment and again before the answer once the learner posts a newer one."""
-    from seedbed.transport.shm import PolicyBoard
+    from seedbed.transport.board import SharedMemoryBoard
 
     acted_fields = (("action", (), "int64"), ("version", (), "int64"), ("logits", (2,), "<f4"))
     server = SharedMemoryServer(
         2, ENVS, OBS, "float32", multiprocessing.get_context(), acted=acted_fields
     )
-    board = PolicyBoard(64)
+    board = SharedMemoryBoard(64)
     board.post(b"policy one", 1)
     local = {"agent": "vtrace", "agent_config": {}, "num_envs": 2 * ENVS, "first_env": 0}
     local["acted"] = [list(f) for f in acted_fields]
@@ -304,7 +304,7 @@ def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks):
     try:
         client = GrpcActorClient(gateway.address)
         assert client.assignment.local["first_env"] == 0
-        assert client.read(-1) == (b"policy one", 1) and client.read(1) is None
+        assert client.board.read(-1) == (b"policy one", 1) and client.board.read(1) is None
         obs, zeros = np.zeros((ENVS, *OBS), np.float32), np.zeros(ENVS, bool)
         for t in range(3):
             acted = {
@@ -318,7 +318,7 @@ def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks):
                 acted["action"].tolist()
             )
             assert received[-1]["logits"].tolist() == acted["logits"].tolist()
-        assert client.read(1) == (b"policy two", 2)
+        assert client.board.read(1) == (b"policy two", 2)
         with pytest.raises(Refused, match="bad step: acted fields"):
             client.call(obs, zeros.astype(np.float32), zeros, zeros)  # nothing acted
     finally:

@@ -1,18 +1,20 @@
-"""One suite for every transport backend: arrays of several dtypes and shapes make the round
-trip between real actors (processes for shared memory, threads in-process) and the server, and
-actions come back as int64 scalars (discrete) or float32 vectors (continuous)."""
+"""One suite for every registered transport backend (``seedbed.transport.TRANSPORTS``): arrays of
+several dtypes and shapes make the round trip between real actors (processes for shared memory,
+threads in-process) and the server, and actions come back as int64 scalars (discrete) or float32
+vectors (continuous)."""
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import threading
 
 import numpy as np
 import pytest
 
-from seedbed.transport.inprocess import InProcessServer
-from seedbed.transport.shm import SharedMemoryServer
+from seedbed.errors import ConfigError
+from seedbed.transport import TRANSPORTS, backend, check_transport
+from seedbed.transport.base import TransportSpec
+from tests.transport.backends import Harness, each_backend
 
 CASES = [((4,), "float32"), ((3, 5, 2), "uint8"), ((6,), "int16"), ((2, 3), "float64")]
 STEPS = 25
@@ -52,58 +54,14 @@ def scripted_actor(
     client.close()
 
 
-class ShmBackend:
-    def __init__(self, actors, envs, shape, dtype, action_shape=(), action_dtype="int64"):
-        self.ctx = multiprocessing.get_context("spawn")
-        self.server = SharedMemoryServer(
-            actors, envs, shape, dtype, self.ctx, action_shape, action_dtype
-        )
-        self.workers = []
-
-    def launch(self, actor, *args):
-        endpoint = self.server.connect(actor)
-        p = self.ctx.Process(target=scripted_actor, args=(endpoint, actor, *args))
-        p.start()
-        endpoint.close_parent_copy()
-        self.workers.append(p)
-
-    def exit_codes(self):
-        for p in self.workers:
-            p.join(30)
-        return [p.exitcode for p in self.workers]
-
-
-class InProcessBackend:
-    def __init__(self, actors, envs, shape, dtype, action_shape=(), action_dtype="int64"):
-        self.server = InProcessServer(actors, envs)
-        self.workers, self.codes = [], {}
-
-    def launch(self, actor, *args):
-        def body():
-            try:
-                scripted_actor(self.server.connect(actor), actor, *args)
-                self.codes[actor] = 0
-            except SystemExit as e:
-                self.codes[actor] = e.code
-
-        t = threading.Thread(target=body)
-        t.start()
-        self.workers.append(t)
-
-    def exit_codes(self):
-        for t in self.workers:
-            t.join(30)
-        return [self.codes.get(i) for i in range(len(self.workers))]
-
-
-@pytest.mark.parametrize("backend", [ShmBackend, InProcessBackend], ids=["shm", "inprocess"])
+@each_backend
 @pytest.mark.parametrize(("shape", "dtype"), CASES)
-def test_round_trip(backend, shape, dtype, no_leaks):
+def test_round_trip(name, shape, dtype, no_leaks):
     actors, envs = 3, 4
-    b = backend(actors, envs, shape, dtype)
+    b = Harness(name, TransportSpec(actors, envs, shape, dtype))
     try:
         for actor in range(actors):
-            b.launch(actor, envs, shape, dtype)
+            b.launch(actor, scripted_actor, envs, shape, dtype)
         served, batch_sizes = 0, []
         while served < actors * envs * STEPS:
             request = b.server.recv(max_envs=actors * envs, timeout_s=0.01)
@@ -126,14 +84,14 @@ def test_round_trip(backend, shape, dtype, no_leaks):
         b.server.close()
 
 
-@pytest.mark.parametrize("backend", [ShmBackend, InProcessBackend], ids=["shm", "inprocess"])
+@each_backend
 @pytest.mark.parametrize("action_shape", [(1,), (3,), (2, 2)])
-def test_continuous_actions_round_trip_as_float32(backend, action_shape, no_leaks):
+def test_continuous_actions_round_trip_as_float32(name, action_shape, no_leaks):
     actors, envs, obs_shape = 2, 3, (5,)
-    b = backend(actors, envs, obs_shape, "float32", action_shape, "float32")
+    b = Harness(name, TransportSpec(actors, envs, obs_shape, "float32", action_shape, "float32"))
     try:
         for actor in range(actors):
-            b.launch(actor, envs, obs_shape, "float32", action_shape)
+            b.launch(actor, scripted_actor, envs, obs_shape, "float32", action_shape)
         served = 0
         while served < actors * envs * STEPS:
             request = b.server.recv(max_envs=actors * envs, timeout_s=0.01)
@@ -149,9 +107,9 @@ def test_continuous_actions_round_trip_as_float32(backend, action_shape, no_leak
         b.server.close()
 
 
-@pytest.mark.parametrize("backend", [ShmBackend, InProcessBackend], ids=["shm", "inprocess"])
-def test_reconnect_gets_new_run_id_and_drops_stale_requests(backend, no_leaks):
-    b = backend(1, 2, (3,), "float32")
+@each_backend
+def test_reconnect_gets_new_run_id_and_drops_stale_requests(name, no_leaks):
+    b = Harness(name, TransportSpec(1, 2, (3,), "float32"))
     try:
         first = b.server.connect(0)
         client = first.open()
@@ -161,7 +119,7 @@ def test_reconnect_gets_new_run_id_and_drops_stale_requests(backend, no_leaks):
         while request is None:
             request = b.server.recv(max_envs=2, timeout_s=0.01)
         old_run = int(request.run_id[0])
-        b.launch(0, 2, (3,), "float32")  # the replacement
+        b.launch(0, scripted_actor, 2, (3,), "float32")  # the replacement
         seen = []
         while len(seen) < STEPS:
             request = b.server.recv(max_envs=2, timeout_s=0.01)
@@ -180,3 +138,25 @@ def _call_quietly(client) -> None:
     with contextlib.suppress(ConnectionError):
         done = np.ones(2, bool)
         client.call(np.zeros((2, 3), np.float32), np.zeros(2, np.float32), done, ~done)
+
+
+def test_each_registered_backend_builds_both_ends_and_a_board(no_leaks):
+    """A backend is its module's ``BACKEND``: the registry line is all the rest needs."""
+    for name in TRANSPORTS:
+        made = backend(name)
+        assert made.about and isinstance(made.actor_processes, bool)
+        board = made.make_board(16)
+        board.post(b"policy", 3)
+        reader = board.handle.open()
+        assert reader.read(2) == (b"policy", 3) and reader.read(3) is None
+        reader.close()
+        board.close()
+    assert backend(TRANSPORTS[0]).actor_processes  # the default serves seedbed train's actors
+
+
+def test_an_unknown_or_unfit_transport_is_one_line():
+    with pytest.raises(ConfigError, match="--transport pigeon: unknown; choose one of shm"):
+        check_transport("pigeon")
+    with pytest.raises(ConfigError, match="only threads .* use --transport shm"):
+        check_transport("inprocess", actor_processes=True)
+    check_transport("inprocess")  # fine where actors are threads: the test suite's

@@ -19,10 +19,9 @@ import torch
 
 from seedbed.agents import make_agent
 from seedbed.quantize import decode_policy
-from seedbed.transport.shm import BoardHandle
+from seedbed.transport.base import Fields
+from seedbed.transport.board import BoardHandle
 from seedbed.types import EnvSpec, StepInput
-
-Fields = tuple[tuple[str, tuple[int, ...], str], ...]  # (name, shape per env, numpy dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +32,7 @@ class LocalActing:
     agent_config: Any
     env_spec: EnvSpec
     num_envs: int  # all environments of the run: the agent's per-env tables (e.g. epsilons)
-    board: BoardHandle
+    board: BoardHandle  # picklable where actors are processes (the shared-memory one is)
 
 
 def acted_fields(agent: Any, env_spec: EnvSpec) -> Fields:

@@ -20,7 +20,7 @@ import torch
 from seedbed.agents.base import Agent
 from seedbed.inference.server import InferenceServer
 from seedbed.quantize import decode_policy, encode_policy, policy_error
-from seedbed.transport.shm import PolicyBoard
+from seedbed.transport.board import PolicyBoard
 from seedbed.types import State, StepInput, Unrolls
 
 _PROBE_ENVS = 64  # environments of a learned batch that the quantization error is measured on

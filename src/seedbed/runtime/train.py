@@ -22,7 +22,7 @@ import multiprocessing
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from rich.console import Console
 
 from seedbed.actor import run_actor
 from seedbed.agents import make_agent
-from seedbed.config import RunConfig, to_dict
+from seedbed.config import RunConfig, TrainConfig, to_dict
 from seedbed.energy import EnergyMeter
 from seedbed.envs import make_spec
 from seedbed.errors import SeedbedError
@@ -48,8 +48,10 @@ from seedbed.runtime.rundir import check_run_dir
 from seedbed.runtime.signals import StopNow, StopSignals
 from seedbed.runtime.supervisor import ActorSupervisor
 from seedbed.telemetry import EpisodeWindow, Stopwatch, plot_curve, write_json_atomic
+from seedbed.transport import backend
+from seedbed.transport.base import Fields, ServerTransport, TransportSpec
+from seedbed.transport.board import PolicyBoard
 from seedbed.transport.remote import ActorGateway, Assignment, read_secret
-from seedbed.transport.shm import PolicyBoard, SharedMemoryServer
 from seedbed.types import Buffer
 
 log = logging.getLogger(__name__)
@@ -233,22 +235,15 @@ class TrainingRun:
         """Make the transport, servers and actors and start them; ``processes`` stops them."""
         queue = self.agent.make_buffer(cfg.unroll, cfg.queue_size, cfg.batch, cfg.seed)
         local = cfg.inference == "local"
-        transport = SharedMemoryServer(
-            cfg.num_slots,
-            cfg.envs_per_actor,
-            self.spec.obs_shape,
-            self.spec.obs_dtype,
-            ctx,
-            action_shape=self.spec.action_shape,
-            action_dtype=self.spec.action_dtype,
-            acted=acted_fields(self.agent, self.spec) if local else (),
-        )
+        transports = backend(cfg.transport)  # --transport: how actor processes reach us
+        acted = acted_fields(self.agent, self.spec) if local else ()
+        transport = transports.make_server(self._transport_spec(cfg, acted), ctx)
         # ``processes`` undoes these last to first: the inference thread, the actors, the
         # transport (remote actors' streams are told that training is over), the gateway and
         # the policy board, then the energy meter. A failed start undoes what was made.
         processes.callback(self._energy_stop)
         processes.callback(transport.close)
-        board = self._policy_board() if local else None
+        board = self._policy_board(transports.make_board) if local else None
         if board is not None:
             processes.callback(board.close)
         server = InferenceServer(
@@ -288,7 +283,7 @@ class TrainingRun:
             ctx,
             cfg.max_actor_restarts,
         )
-        self.gateway = self._gateway(transport) if cfg.listen else None
+        self.gateway = self._gateway(transport, acted) if cfg.listen else None
         if self.gateway is not None:
             processes.callback(self.gateway.stop)
         processes.callback(transport.close)  # before the gateway's stop (closing twice is fine)
@@ -324,6 +319,19 @@ class TrainingRun:
         torch.set_num_threads(self.threads["learner"])  # this thread's, not inference's
         return start
 
+    def _transport_spec(self, cfg: TrainConfig, acted: Fields) -> TransportSpec:
+        """What the server carries: every actor slot's envs, as the env spec shapes them."""
+        spec = self.spec
+        return TransportSpec(
+            cfg.num_slots,
+            cfg.envs_per_actor,
+            tuple(spec.obs_shape),
+            spec.obs_dtype,
+            tuple(spec.action_shape),
+            spec.action_dtype,
+            acted,
+        )
+
     def _stop_serving(
         self, stop: threading.Event, queue: Buffer, serving: threading.Thread
     ) -> None:
@@ -334,7 +342,7 @@ class TrainingRun:
         if serving.ident is not None:  # not started when an actor could not be launched
             serving.join(timeout=10)
 
-    def _keep_actor_times(self, transport: SharedMemoryServer) -> None:
+    def _keep_actor_times(self, transport: ServerTransport) -> None:
         self.actor_times = transport.actor_times()
 
     def _energy_stop(self) -> None:
@@ -383,13 +391,13 @@ class TrainingRun:
         finally:
             self.threads_used["inference"] = torch.get_num_threads()
 
-    def _policy_board(self) -> PolicyBoard:
+    def _policy_board(self, make_board: Callable[[int], PolicyBoard]) -> PolicyBoard:
         """Where local actors find the newest policy; fp32 is the largest payload there is (the
         slack is for its header, whose version number grows)."""
         fp32 = encode_policy(self.agent.network, "fp32", 0, self.agent.acting_skips)
-        return PolicyBoard(len(fp32) + 64)
+        return make_board(len(fp32) + 64)
 
-    def _gateway(self, transport: SharedMemoryServer) -> ActorGateway:
+    def _gateway(self, transport: ServerTransport, acted: Fields) -> ActorGateway:
         """The listener for remote actors; they take the slots after the local actors'."""
         cfg = self.layout
         settings = dataclasses.asdict(cfg.atari_settings())
@@ -400,7 +408,7 @@ class TrainingRun:
                 "agent": cfg.agent,
                 "agent_config": to_dict(self.config.agent),
                 "num_envs": cfg.num_envs,
-                "acted": [list(field) for field in transport.layout.acted],
+                "acted": [list(field) for field in acted],
             }
 
         def assign(slot: int, connection: int) -> Assignment:

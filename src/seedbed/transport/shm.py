@@ -6,7 +6,8 @@ rows ``[a*E, (a+1)*E)``. An actor writes its rows, then writes an
 8-byte record (actor, generation) to a pipe all actors share; the server reads many records with
 one syscall, answers by writing actions into the rows and one byte to the actor's own reply pipe.
 Pipe writes this small are atomic, so a dying actor cannot corrupt the channel, and the generation
-lets the server drop a request sent by an actor that has since been replaced.
+lets the server drop a request sent by an actor that has since been replaced. Its policy board
+is ``board.SharedMemoryBoard``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from seedbed.transport.base import CallClock, Request
+from seedbed.transport.base import (
+    ActorTransport,
+    Backend,
+    CallClock,
+    Fields,
+    Request,
+    TransportSpec,
+)
+from seedbed.transport.board import SharedMemoryBoard
 
 _RECORD = np.dtype([("actor", "<i4"), ("generation", "<i4")])
 _FIELDS = ("obs", "reward", "done", "truncated", "action", "actor_times")
@@ -43,8 +52,7 @@ class Layout:
     obs_dtype: str
     action_shape: tuple[int, ...] = ()  # one env's action: () for discrete, (A,) for a Box
     action_dtype: str = "int64"
-    # Local inference: the fields actors fill in themselves, (name, shape per env, dtype).
-    acted: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+    acted: Fields = ()  # local inference: the fields actors fill in themselves
 
     def fields(self) -> tuple[str, ...]:
         return (*_FIELDS, *(_ACTED + name for name, _, _ in self.acted))
@@ -113,7 +121,7 @@ class SharedMemoryServer:
         context: Any,
         action_shape: tuple[int, ...] = (),
         action_dtype: str = "int64",
-        acted: tuple[tuple[str, tuple[int, ...], str], ...] = (),
+        acted: Fields = (),
     ) -> None:
         """``acted``: with local inference, the fields actors send besides their step
         (``Layout.acted``); requests then carry them as ``Request.acted``."""
@@ -242,7 +250,7 @@ class SharedMemoryServer:
             block.unlink()
 
 
-class SharedMemoryClient:
+class SharedMemoryClient(ActorTransport):
     """An actor's end: write the step into its own rows, signal, wait for the answer."""
 
     def __init__(self, endpoint: ActorEndpoint) -> None:
@@ -261,17 +269,6 @@ class SharedMemoryClient:
         self._req_fd = endpoint.requests.fileno()
         self._reply_fd = endpoint.replies.fileno()
 
-    def call(
-        self,
-        obs: np.ndarray,
-        reward: np.ndarray,
-        done: np.ndarray,
-        truncated: np.ndarray,
-        acted: dict[str, np.ndarray] | None = None,
-    ) -> np.ndarray:
-        self.submit(obs, reward, done, truncated, acted)
-        return self.collect()
-
     def submit(
         self,
         obs: np.ndarray,
@@ -280,9 +277,9 @@ class SharedMemoryClient:
         truncated: np.ndarray,
         acted: dict[str, np.ndarray] | None = None,
     ) -> None:
-        """The first half of ``call``: write the step and ask for its actions (with local
-        inference, ``acted`` holds the fields the layout names, and the answer only says the
-        learner has recorded the step, so the rows may be written again)."""
+        """Write the step into this actor's rows and ask for its actions (with local inference,
+        ``acted`` holds the fields the layout names, and the answer only says the learner has
+        recorded the step, so the rows may be written again)."""
         self._obs[...] = obs
         self._reward[...] = reward
         self._done[...] = done
@@ -299,7 +296,7 @@ class SharedMemoryClient:
             raise ConnectionError(f"the learner's transport closed: {e}") from None
 
     def collect(self) -> np.ndarray:
-        """The second half: wait for the answer (at once, if ``reply_fd`` is readable)."""
+        """Wait for the answer to the last ``submit`` (at once, if ``reply_fd`` is readable)."""
         if not self._waiting:
             self._clock.enter()
         try:
@@ -326,72 +323,22 @@ class SharedMemoryClient:
         self._endpoint.replies.close()
 
 
-_BOARD_HEADER = np.dtype([("sequence", "<i8"), ("version", "<i8"), ("size", "<i8")])
+def _make_server(spec: TransportSpec, context: Any) -> SharedMemoryServer:
+    return SharedMemoryServer(
+        spec.num_actors,
+        spec.envs_per_actor,
+        spec.obs_shape,
+        spec.obs_dtype,
+        context,
+        action_shape=spec.action_shape,
+        action_dtype=spec.action_dtype,
+        acted=spec.acted,
+    )
 
 
-@dataclasses.dataclass(frozen=True)
-class BoardHandle:
-    """What an actor needs to read a ``PolicyBoard`` (plain data, picklable for spawn)."""
-
-    name: str
-    capacity: int
-
-    def open(self) -> PolicyBoard:
-        return PolicyBoard(self.capacity, name=self.name)
-
-
-class PolicyBoard:
-    """The newest policy broadcast in shared memory: the learner posts, actors read.
-
-    One writer, many readers, no lock: a sequence number is odd while a post is being written,
-    and a reader keeps a copy only if the number was even and unchanged around its read (a
-    seqlock). A reader that runs into a post retries; the payload's own checksum is a second
-    guard against a torn copy.
-    """
-
-    def __init__(self, capacity: int, name: str | None = None) -> None:
-        """Create a board for payloads of up to ``capacity`` bytes, or attach to ``name``."""
-        self.capacity = capacity
-        size = _BOARD_HEADER.itemsize + capacity
-        self._owner = name is None
-        self._block = shared_memory.SharedMemory(name=name, create=self._owner, size=size)
-        self._header = np.ndarray((), _BOARD_HEADER, buffer=self._block.buf)
-        self._payload = np.ndarray((capacity,), np.uint8, self._block.buf, _BOARD_HEADER.itemsize)
-        if self._owner:
-            self._header[()] = (0, -1, 0)
-
-    @property
-    def handle(self) -> BoardHandle:
-        return BoardHandle(self._block.name, self.capacity)
-
-    def post(self, payload: bytes, version: int) -> None:
-        """Publish ``payload`` as policy ``version`` (the learner's side)."""
-        if len(payload) > self.capacity:
-            raise ValueError(f"a {len(payload)}-byte policy exceeds the board's {self.capacity}")
-        header = self._header
-        header["sequence"] += 1  # odd: being written
-        self._payload[: len(payload)] = np.frombuffer(payload, np.uint8)
-        header["size"], header["version"] = len(payload), version
-        header["sequence"] += 1
-
-    def read(self, newer_than: int) -> tuple[bytes, int] | None:
-        """The posted payload and its version, if newer than ``newer_than``; else None."""
-        header = self._header
-        while True:
-            before = int(header["sequence"])
-            version = int(header["version"])
-            if before % 2 == 0 and version <= newer_than:
-                return None
-            if before % 2 == 0:
-                size = int(header["size"])
-                payload = self._payload[:size].tobytes()
-                if int(header["sequence"]) == before:
-                    return payload, version
-            time.sleep(0.0001)  # a post is being written
-
-    def close(self) -> None:
-        """Detach; the learner's board is also freed."""
-        self._header = self._payload = None
-        self._block.close()
-        if self._owner:
-            self._block.unlink()
+BACKEND = Backend(
+    make_server=_make_server,
+    make_board=SharedMemoryBoard,
+    actor_processes=True,
+    about="shared memory: actor processes on the learner's host (rows in shm, pipes signal)",
+)

@@ -1,59 +1,56 @@
-"""gRPC transport: actors on other machines, one bidirectional stream each, as in SEED RL.
+"""The learner's gRPC listener: remote actors, one bidirectional stream each, as in SEED RL.
 
 The learner runs an :class:`ActorGateway`. Each remote actor opens one stream, says hello, and is
-given a slot: a block of environment rows in the learner's shared-memory transport, with a fresh
-run id (so the learner drops any state the slot had). The stream's handler then acts as that
-slot's local actor: it writes each step it receives into the slot's rows and waits for the
-actions like any shared-memory actor does. Remote and local actors therefore meet in the very
-same inference batches, and the inference server knows nothing of the network.
+given a slot: a block of environment rows in the learner's server transport, with a fresh run id
+(so the learner drops any state the slot had). The stream's handler then acts as that slot's
+local actor: it submits each step it receives into the slot and waits for the answer like any
+actor process does. Remote and local actors therefore meet in the very same inference batches,
+and the inference server knows nothing of the network.
 
-What crosses the wire is ``proto/actor.proto``: raw array bytes with dtype and shape, checked
-against what the learner expects before they are used. Nothing is unpickled. A listener on a
-non-loopback address needs a shared token (sent as ``authorization: Bearer TOKEN`` metadata);
-TLS is optional. Message sizes are capped at what one step of the slot can hold. A stream without
-the token is refused within a second, holding nothing an actor needs, and one that says no hello
+Messages are checked before use (``wire``): nothing is unpickled. A listener on a non-loopback
+address needs a shared token (sent as ``authorization: Bearer TOKEN`` metadata); TLS is
+optional. Message sizes are capped at what one step of the slot can hold. A stream without the
+token is refused within a second, holding nothing an actor needs, and one that says no hello
 within ``HELLO_TIMEOUT_S`` is closed: streams that never become actors cannot lock actors out.
 
-With local inference the actor acts itself: its steps carry what it acted (as shared-memory
-actors write it into their rows), and the learner sends it each newer policy from the
-``PolicyBoard`` before answering a step.
+With local inference the actor acts itself: its steps carry what it acted (as actor processes
+write it into their rows), and the gateway sends it each newer policy from the learner's policy
+board before answering a step.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import hmac
-import json
 import logging
 import math
-import os
-import socket
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
-from google.protobuf.message import DecodeError
 
 from seedbed.config import check_token_needed
-from seedbed.errors import ConfigError, SeedbedError
+from seedbed.errors import SeedbedError
+from seedbed.transport.base import Endpoint
+from seedbed.transport.board import BoardHandle
 from seedbed.transport.proto import actor_pb2 as pb
+from seedbed.transport.remote.wire import (
+    PROTOCOL,
+    Assignment,
+    Malformed,
+    from_wire,
+    parse,
+    to_wire,
+)
 
 log = logging.getLogger(__name__)
 
-# Bump when actor.proto changes incompatibly. 2: actions may be float arrays (Assignment says).
-# 3: local inference (Step.acted, Assignment.local_json, Policy).
-PROTOCOL = 3
-METHOD = "/seedbed.v1.Learner/Act"
 _HEADROOM = 64 * 1024  # bytes a message may carry beyond its arrays (field tags, dtype strings)
-_READY_POLL_S = 0.02  # how often an actor looks whether its channel has connected
-_CLOSE_WAIT_S = 1.0  # how long a closing actor waits for gRPC to finish its calls
 
 # What a stream may hold before it has said hello (see ActorGateway._create).
 HELLO_TIMEOUT_S = 5.0  # a stream with no hello by then is closed; a real actor sends it at once
@@ -65,115 +62,9 @@ _LOG_REFUSALS_EVERY_S = 10.0  # one warning per kind of refusal in this time, th
 _REASONS_KEPT = 100  # the newest refusal reasons kept, for tests and the run's summary
 
 
-def read_secret(path: str | None, flag: str) -> bytes | None:
-    """The contents of a token or TLS file, with a one-line error when it cannot be read."""
-    if path is None:
-        return None
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise ConfigError(f"{flag} {path}: {e.strerror}") from None
-    if not data.strip():
-        raise ConfigError(f"{flag} {path} is empty")
-    return data
-
-
-# -- arrays on the wire -----------------------------------------------------------------------
-
-
-def to_wire(array: np.ndarray) -> pb.Array:
-    """An array as raw C-order bytes with its dtype and shape."""
-    array = np.ascontiguousarray(array)
-    return pb.Array(dtype=array.dtype.str, shape=array.shape, data=array.tobytes())
-
-
-def from_wire(message: pb.Array, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """The array ``message`` holds, if it is exactly ``dtype`` and ``shape``; else ValueError."""
-    if message.dtype != dtype.str or tuple(message.shape) != shape:
-        got = f"{message.dtype or '?'} {tuple(message.shape)}"
-        raise ValueError(f"{name} is {got}, expected {dtype.str} {shape}")
-    if len(message.data) != math.prod(shape) * dtype.itemsize:
-        raise ValueError(f"{name} carries {len(message.data)} bytes for {dtype.str} {shape}")
-    return np.frombuffer(message.data, dtype).reshape(shape)
-
-
-@dataclasses.dataclass(frozen=True)
-class Assignment:
-    """What a remote actor runs, as the learner assigns it on connect."""
-
-    env_id: str
-    num_envs: int
-    seed: int
-    settings: dict[str, Any] | None  # the env's preprocessing (Atari), as plain values
-    slot: int
-    obs_dtype: str
-    obs_shape: tuple[int, ...]
-    action_dtype: str = "int64"  # what the actions carry: int64 scalars for discrete envs
-    action_shape: tuple[int, ...] = ()  # one env's action
-    # Local inference, as plain values: "agent", "agent_config", "num_envs" (the run's),
-    # "first_env" (this slot's first env id) and "acted" ([name, shape, dtype] per field).
-    local: dict[str, Any] | None = None
-
-    def acted(self) -> tuple[tuple[str, tuple[int, ...], str], ...]:
-        """The fields each step carries besides its arrays (none in central mode)."""
-        local = self.local or {}
-        return tuple((name, tuple(shape), dtype) for name, shape, dtype in local.get("acted", ()))
-
-    def to_message(self) -> pb.LearnerMessage:
-        settings = json.dumps(self.settings) if self.settings is not None else ""
-        return pb.LearnerMessage(
-            assignment=pb.Assignment(
-                env_id=self.env_id,
-                num_envs=self.num_envs,
-                seed=self.seed,
-                settings_json=settings,
-                slot=self.slot,
-                obs_dtype=self.obs_dtype,
-                obs_shape=self.obs_shape,
-                action_dtype=self.action_dtype,
-                action_shape=self.action_shape,
-                local_json=json.dumps(self.local) if self.local is not None else "",
-            )
-        )
-
-    @classmethod
-    def from_message(cls, message: pb.Assignment) -> Assignment:
-        return cls(
-            env_id=message.env_id,
-            num_envs=message.num_envs,
-            seed=message.seed,
-            settings=json.loads(message.settings_json) if message.settings_json else None,
-            slot=message.slot,
-            obs_dtype=message.obs_dtype,
-            obs_shape=tuple(message.obs_shape),
-            action_dtype=message.action_dtype or "int64",
-            action_shape=tuple(message.action_shape),
-            local=json.loads(message.local_json) if message.local_json else None,
-        )
-
-
-# -- the learner's end ------------------------------------------------------------------------
-
-
-class _Malformed:
-    """Stands in for a message that did not parse, so the handler can say so and refuse it."""
-
-    def __init__(self, error: str) -> None:
-        self.error = error
-
-
-def _parse(data: bytes, limit: int) -> pb.ActorMessage | _Malformed:
-    if len(data) > limit:
-        return _Malformed(f"message of {len(data)} bytes is over this run's {limit}-byte limit")
-    try:
-        return pb.ActorMessage.FromString(data)
-    except DecodeError as e:
-        return _Malformed(f"malformed message of {len(data)} bytes ({e})")
-
-
-def _kind(message: pb.ActorMessage | _Malformed | None) -> str | None:
+def _kind(message: pb.ActorMessage | Malformed | None) -> str | None:
     """The message's kind; a malformed one is refused right here."""
-    if isinstance(message, _Malformed):
+    if isinstance(message, Malformed):
         raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, message.error)
     return None if message is None else message.WhichOneof("kind")
 
@@ -187,10 +78,11 @@ class _Rejected(Exception):
 
 
 class ActorGateway:
-    """Serves remote actors on ``address`` and bridges each one to a shared-memory slot.
+    """Serves remote actors on ``address`` and bridges each one to a slot of the learner's server.
 
-    ``connect(slot)`` returns a fresh in-process endpoint of the learner's shared-memory
-    transport for ``slot`` (a new run id); ``assign(slot, connection)`` what the actor in it
+    ``connect(slot)`` returns a fresh in-process endpoint of the learner's server transport for
+    ``slot`` (a new run id), whose client has a ``reply_fd`` that turns readable once the answer
+    is in (the shared-memory one has); ``assign(slot, connection)`` what the actor in it
     runs. Slots are handed out first come, first served; an actor arriving when all are taken is
     refused, and a slot is free again the moment its stream ends. Refusals are counted
     (``rejected_total``; the newest reasons in ``rejected``) and logged at most once per kind
@@ -205,11 +97,11 @@ class ActorGateway:
         self,
         address: str,
         slots: list[int],
-        connect: Callable[[int], Any],
+        connect: Callable[[int], Endpoint],
         assign: Callable[[int, int], Assignment],
         token: bytes | None = None,
         tls: tuple[bytes, bytes] | None = None,
-        board: Any = None,
+        board: BoardHandle | None = None,
         hello_timeout_s: float = HELLO_TIMEOUT_S,
     ) -> None:
         """``board``: with local inference, the ``BoardHandle`` of the policy actors act with.
@@ -259,7 +151,7 @@ class ActorGateway:
                     {
                         "Act": grpc.stream_stream_rpc_method_handler(
                             self._serve,
-                            request_deserializer=functools.partial(_parse, limit=self._max_bytes),
+                            request_deserializer=functools.partial(parse, limit=self._max_bytes),
                             response_serializer=pb.LearnerMessage.SerializeToString,
                         )
                     },
@@ -267,7 +159,7 @@ class ActorGateway:
             ],
             options=[
                 # gRPC itself drops messages past 4x the limit, before they cost memory; up to
-                # there _parse refuses them with a reason in the log.
+                # there wire.parse refuses them with a reason in the log.
                 ("grpc.max_receive_message_length", 4 * self._max_bytes),
                 ("grpc.so_reuseport", 0),
                 # Notice a vanished actor machine within a minute, not at TCP's hours.
@@ -507,218 +399,3 @@ async def _first(requests: AsyncIterator[pb.ActorMessage], timeout_s: float) -> 
 
 def _with_port(address: str, port: int) -> str:
     return f"{address.rsplit(':', 1)[0]}:{port}"
-
-
-# -- the actor's end --------------------------------------------------------------------------
-
-
-class LearnerStopped(ConnectionError):
-    """The learner ended the stream on purpose: training is over, do not reconnect."""
-
-
-class Refused(SeedbedError):
-    """The learner refused this actor for a reason retrying cannot fix (token, version)."""
-
-
-class GrpcActorClient:
-    """An actor's end of one stream: the ``ActorTransport`` that ``act`` calls.
-
-    It drives gRPC's asyncio API from a private event loop in the calling thread, so a step's
-    round trip needs no helper threads on the actor's side (the threaded API passes each
-    message through two).
-
-    With local inference it is also the actor's policy board: ``read`` gives the newest policy
-    the learner sent (the first arrives with the assignment, later ones before the answers).
-    """
-
-    def __init__(
-        self,
-        address: str,
-        token: bytes | None = None,
-        tls_ca: bytes | None = None,
-        name: str | None = None,
-        timeout_s: float = 10.0,
-    ) -> None:
-        """``timeout_s``: how long to wait for the connection (a refused one fails at once)."""
-        self._loop = asyncio.new_event_loop()
-        self._channel: Any = None
-        try:
-            first = self._run(self._open(address, token, tls_ca, name, timeout_s))
-        except BaseException:
-            self.close()
-            raise
-        if first.WhichOneof("kind") != "assignment":
-            self.close()
-            raise ConnectionError(f"the learner answered hello with {first.WhichOneof('kind')}")
-        self.assignment = Assignment.from_message(first.assignment)
-        self._policy: tuple[bytes, int] | None = None
-        if self.assignment.local is not None:
-            self._take(self._run(self._read()), want="policy")  # before the first step
-
-    def _run(self, coroutine: Any) -> Any:
-        """Run ``coroutine`` to completion, translating gRPC's errors into ours."""
-        try:
-            return self._loop.run_until_complete(coroutine)
-        except grpc.aio.AioRpcError as e:
-            code, details = e.code(), e.details()
-            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION):
-                raise Refused(f"the learner refused this actor: {details}") from None
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
-                raise Refused(f"the learner rejected a message: {details}") from None
-            raise ConnectionError(f"lost the learner ({code.name}: {details})") from None
-
-    async def _open(
-        self,
-        address: str,
-        token: bytes | None,
-        tls_ca: bytes | None,
-        name: str | None,
-        timeout_s: float,
-    ) -> pb.LearnerMessage:
-        options = [
-            # Policies (local inference) are the largest messages a learner sends.
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-            ("grpc.keepalive_time_ms", 20_000),
-            ("grpc.keepalive_timeout_ms", 10_000),
-        ]
-        if tls_ca is not None:
-            credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca)
-            self._channel = grpc.aio.secure_channel(address, credentials, options=options)
-        else:
-            self._channel = grpc.aio.insecure_channel(address, options=options)
-        await _until_ready(self._channel, address, timeout_s)
-        act = self._channel.stream_stream(
-            METHOD,
-            request_serializer=pb.ActorMessage.SerializeToString,
-            response_deserializer=pb.LearnerMessage.FromString,
-        )
-        metadata = [("authorization", "Bearer " + token.strip().decode())] if token else None
-        self._stream = act(metadata=metadata)
-        hello = pb.Hello(protocol=PROTOCOL, actor_name=name or _default_name())
-        return await self._roundtrip(pb.ActorMessage(hello=hello))
-
-    async def _roundtrip(self, message: pb.ActorMessage) -> pb.LearnerMessage:
-        await self._write(message)
-        return await self._read()
-
-    async def _write(self, message: pb.ActorMessage) -> None:
-        try:
-            await self._stream.write(message)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            await self._raise_status()  # the learner ended the stream first: say why it did
-
-    async def _read(self) -> pb.LearnerMessage:
-        reply = await self._stream.read()
-        if reply is grpc.aio.EOF:
-            await self._raise_status()
-        return reply
-
-    async def _raise_status(self) -> None:
-        """Raise the stream's final status as an error (``_run`` translates it)."""
-        code, details = await self._stream.code(), await self._stream.details()
-        if code == grpc.StatusCode.OK:
-            raise ConnectionError("the learner closed the stream")
-        raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
-
-    def call(
-        self,
-        obs: np.ndarray,
-        reward: np.ndarray,
-        done: np.ndarray,
-        truncated: np.ndarray,
-        acted: dict[str, np.ndarray] | None = None,
-    ) -> np.ndarray:
-        self.submit(obs, reward, done, truncated, acted)
-        return self.collect()
-
-    def submit(
-        self,
-        obs: np.ndarray,
-        reward: np.ndarray,
-        done: np.ndarray,
-        truncated: np.ndarray,
-        acted: dict[str, np.ndarray] | None = None,
-    ) -> None:
-        """Send one step (with local inference, with what the actor ``acted``)."""
-        step = pb.Step(
-            obs=to_wire(obs),
-            reward=to_wire(np.asarray(reward, np.float32)),
-            done=to_wire(np.asarray(done, np.bool_)),
-            truncated=to_wire(np.asarray(truncated, np.bool_)),
-        )
-        for name, value in (acted or {}).items():
-            step.acted[name].CopyFrom(to_wire(value))
-        self._run(self._write(pb.ActorMessage(step=step)))
-
-    def collect(self) -> np.ndarray:
-        """The answer to the last step: its actions (taking any newer policy sent first)."""
-        while True:
-            reply = self._run(self._read())
-            if self._take(reply, want="actions"):
-                break
-        job = self.assignment
-        shape, dtype = (job.num_envs, *job.action_shape), np.dtype(job.action_dtype)
-        try:
-            return from_wire(reply.actions, "actions", dtype, shape).copy()
-        except ValueError as e:
-            raise ConnectionError(f"the learner sent malformed actions: {e}") from None
-
-    def _take(self, reply: pb.LearnerMessage, want: str) -> bool:
-        """Keep a policy; True when ``reply`` is what is ``want``ed. Raises on a stop."""
-        kind = reply.WhichOneof("kind")
-        if kind == "stop":
-            raise LearnerStopped(reply.stop.reason)
-        if kind == "policy" and self.assignment.local is not None:
-            self._policy = (reply.policy.payload, reply.policy.version)
-            return want == "policy"
-        if kind != want:
-            raise ConnectionError(f"the learner sent {kind} where {want} was due")
-        return True
-
-    def read(self, newer_than: int) -> tuple[bytes, int] | None:
-        """The newest policy the learner sent and its version, if newer than ``newer_than``
-        (a ``PolicyBoard``'s read, for ``LocalPolicy``)."""
-        if self._policy is None or self._policy[1] <= newer_than:
-            return None
-        return self._policy
-
-    def open(self) -> GrpcActorClient:
-        return self  # a LocalPolicy opens its board; this one is the stream itself
-
-    def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        if self._channel is not None:
-            self._loop.run_until_complete(self._channel.close())
-        # gRPC leaves a task per call that ends when the core reports the cancelled call.
-        # Let it end on this loop: cancelled here, the core's report would still come, after
-        # the loop is closed, and another loop would print "Event loop is closed" for it.
-        pending = asyncio.all_tasks(self._loop)
-        if pending:
-            _, late = self._loop.run_until_complete(asyncio.wait(pending, timeout=_CLOSE_WAIT_S))
-            for task in late:
-                task.cancel()
-            if late:
-                self._loop.run_until_complete(asyncio.wait(late))
-        self._loop.close()
-
-
-async def _until_ready(channel: grpc.aio.Channel, address: str, timeout_s: float) -> None:
-    """Wait for ``channel`` to connect; ConnectionError at its first failure or at the timeout.
-
-    This polls the state rather than awaiting ``channel_ready``: that leaves a connectivity
-    watch in gRPC's core which completes only when the channel closes, after this client's loop
-    is closed, and gRPC then prints "Event loop is closed" from whichever loop runs next. A
-    failed attempt ends at once, so the caller's own backoff decides when to try again.
-    """
-    deadline = time.monotonic() + timeout_s
-    state = channel.get_state(try_to_connect=True)
-    while state != grpc.ChannelConnectivity.READY:
-        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE or time.monotonic() > deadline:
-            raise ConnectionError(f"cannot reach a learner at {address}")
-        await asyncio.sleep(_READY_POLL_S)
-        state = channel.get_state(try_to_connect=True)
-
-
-def _default_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"

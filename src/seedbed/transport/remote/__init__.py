@@ -1,0 +1,47 @@
+"""gRPC transport: actors on other machines, one bidirectional stream each, as in SEED RL.
+
+``wire`` is what crosses the network (``../proto/actor.proto``, arrays as raw bytes with dtype
+and shape, the ``Assignment``) and the secrets that guard it; ``gateway`` the learner's listener,
+which bridges each remote actor into a slot of the learner's server transport; ``client`` the
+actor's end of the stream (``seedbed actor``). The learner's side::
+
+    gateway = ActorGateway(address, slots, connect, assign, token, tls, board)
+    gateway.start()                  # remote actors now share the inference batches
+    ...train...
+    gateway.stop()                   # every actor is told that training is over
+
+A remote actor's side::
+
+    client = GrpcActorClient(address, token, tls_ca)   # hello; client.assignment says what to run
+    actions = client.call(obs, reward, done, truncated)  # per step, as over any ActorTransport
+    client.close()
+"""
+
+from __future__ import annotations
+
+from seedbed.transport.remote.client import GrpcActorClient, LearnerStopped, Refused, StreamBoard
+from seedbed.transport.remote.gateway import HELLO_TIMEOUT_S, MAX_PENDING_HELLOS, ActorGateway
+from seedbed.transport.remote.wire import (
+    METHOD,
+    PROTOCOL,
+    Assignment,
+    from_wire,
+    read_secret,
+    to_wire,
+)
+
+__all__ = [
+    "HELLO_TIMEOUT_S",
+    "MAX_PENDING_HELLOS",
+    "METHOD",
+    "PROTOCOL",
+    "ActorGateway",
+    "Assignment",
+    "GrpcActorClient",
+    "LearnerStopped",
+    "Refused",
+    "StreamBoard",
+    "from_wire",
+    "read_secret",
+    "to_wire",
+]

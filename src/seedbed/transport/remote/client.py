@@ -1,0 +1,237 @@
+"""A remote actor's end of its gRPC stream to the learner (``seedbed actor --connect``).
+
+The actor says hello, reads its ``Assignment`` (what to run, in which slot) and then sends one
+``Step`` per step of its environments and reads the answer: the actions, or with local inference
+a sign that the step was recorded, preceded by any newer policy the learner posted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from typing import Any
+
+import grpc
+import numpy as np
+
+from seedbed.errors import SeedbedError
+from seedbed.transport.base import ActorTransport
+from seedbed.transport.proto import actor_pb2 as pb
+from seedbed.transport.remote.wire import METHOD, PROTOCOL, Assignment, from_wire, to_wire
+
+_READY_POLL_S = 0.02  # how often an actor looks whether its channel has connected
+_CLOSE_WAIT_S = 1.0  # how long a closing actor waits for gRPC to finish its calls
+
+
+class LearnerStopped(ConnectionError):
+    """The learner ended the stream on purpose: training is over, do not reconnect."""
+
+
+class Refused(SeedbedError):
+    """The learner refused this actor for a reason retrying cannot fix (token, version)."""
+
+
+class StreamBoard:
+    """A remote actor's policy board (a ``board.BoardReader``, and its own handle): the newest
+    policy its stream brought. The first comes with the assignment, later ones before answers."""
+
+    def __init__(self) -> None:
+        self._post: tuple[bytes, int] | None = None
+
+    def keep(self, payload: bytes, version: int) -> None:
+        """Hold ``payload`` as the newest policy (the client, as a ``Policy`` message comes)."""
+        self._post = (payload, version)
+
+    def open(self) -> StreamBoard:
+        return self  # the stream fills it; there is nothing to attach to
+
+    def read(self, newer_than: int) -> tuple[bytes, int] | None:
+        """The newest policy and its version, if newer than ``newer_than``; else None."""
+        if self._post is None or self._post[1] <= newer_than:
+            return None
+        return self._post
+
+    def close(self) -> None:
+        pass  # the stream is the client's to close
+
+
+class GrpcActorClient(ActorTransport):
+    """An actor's end of one stream: the ``ActorTransport`` that ``act`` calls.
+
+    It drives gRPC's asyncio API from a private event loop in the calling thread, so a step's
+    round trip needs no helper threads on the actor's side (the threaded API passes each
+    message through two). With local inference, ``board`` holds the policies the learner sent.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        token: bytes | None = None,
+        tls_ca: bytes | None = None,
+        name: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        """``timeout_s``: how long to wait for the connection (a refused one fails at once)."""
+        self._loop = asyncio.new_event_loop()
+        self._channel: Any = None
+        try:
+            first = self._run(self._open(address, token, tls_ca, name, timeout_s))
+        except BaseException:
+            self.close()
+            raise
+        if first.WhichOneof("kind") != "assignment":
+            self.close()
+            raise ConnectionError(f"the learner answered hello with {first.WhichOneof('kind')}")
+        self.assignment = Assignment.from_message(first.assignment)
+        self.board = StreamBoard()
+        if self.assignment.local is not None:
+            self._take(self._run(self._read()), want="policy")  # before the first step
+
+    def _run(self, coroutine: Any) -> Any:
+        """Run ``coroutine`` to completion, translating gRPC's errors into ours."""
+        try:
+            return self._loop.run_until_complete(coroutine)
+        except grpc.aio.AioRpcError as e:
+            code, details = e.code(), e.details()
+            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION):
+                raise Refused(f"the learner refused this actor: {details}") from None
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise Refused(f"the learner rejected a message: {details}") from None
+            raise ConnectionError(f"lost the learner ({code.name}: {details})") from None
+
+    async def _open(
+        self,
+        address: str,
+        token: bytes | None,
+        tls_ca: bytes | None,
+        name: str | None,
+        timeout_s: float,
+    ) -> pb.LearnerMessage:
+        options = [
+            # Policies (local inference) are the largest messages a learner sends.
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+        ]
+        if tls_ca is not None:
+            credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca)
+            self._channel = grpc.aio.secure_channel(address, credentials, options=options)
+        else:
+            self._channel = grpc.aio.insecure_channel(address, options=options)
+        await _until_ready(self._channel, address, timeout_s)
+        act = self._channel.stream_stream(
+            METHOD,
+            request_serializer=pb.ActorMessage.SerializeToString,
+            response_deserializer=pb.LearnerMessage.FromString,
+        )
+        metadata = [("authorization", "Bearer " + token.strip().decode())] if token else None
+        self._stream = act(metadata=metadata)
+        hello = pb.Hello(protocol=PROTOCOL, actor_name=name or _default_name())
+        return await self._roundtrip(pb.ActorMessage(hello=hello))
+
+    async def _roundtrip(self, message: pb.ActorMessage) -> pb.LearnerMessage:
+        await self._write(message)
+        return await self._read()
+
+    async def _write(self, message: pb.ActorMessage) -> None:
+        try:
+            await self._stream.write(message)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            await self._raise_status()  # the learner ended the stream first: say why it did
+
+    async def _read(self) -> pb.LearnerMessage:
+        reply = await self._stream.read()
+        if reply is grpc.aio.EOF:
+            await self._raise_status()
+        return reply
+
+    async def _raise_status(self) -> None:
+        """Raise the stream's final status as an error (``_run`` translates it)."""
+        code, details = await self._stream.code(), await self._stream.details()
+        if code == grpc.StatusCode.OK:
+            raise ConnectionError("the learner closed the stream")
+        raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+    def submit(
+        self,
+        obs: np.ndarray,
+        reward: np.ndarray,
+        done: np.ndarray,
+        truncated: np.ndarray,
+        acted: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        """Send one step (with local inference, with what the actor ``acted``)."""
+        step = pb.Step(
+            obs=to_wire(obs),
+            reward=to_wire(np.asarray(reward, np.float32)),
+            done=to_wire(np.asarray(done, np.bool_)),
+            truncated=to_wire(np.asarray(truncated, np.bool_)),
+        )
+        for name, value in (acted or {}).items():
+            step.acted[name].CopyFrom(to_wire(value))
+        self._run(self._write(pb.ActorMessage(step=step)))
+
+    def collect(self) -> np.ndarray:
+        """The answer to the last step: its actions (taking any newer policy sent first)."""
+        while True:
+            reply = self._run(self._read())
+            if self._take(reply, want="actions"):
+                break
+        job = self.assignment
+        shape, dtype = (job.num_envs, *job.action_shape), np.dtype(job.action_dtype)
+        try:
+            return from_wire(reply.actions, "actions", dtype, shape).copy()
+        except ValueError as e:
+            raise ConnectionError(f"the learner sent malformed actions: {e}") from None
+
+    def _take(self, reply: pb.LearnerMessage, want: str) -> bool:
+        """Keep a policy; True when ``reply`` is what is ``want``ed. Raises on a stop."""
+        kind = reply.WhichOneof("kind")
+        if kind == "stop":
+            raise LearnerStopped(reply.stop.reason)
+        if kind == "policy" and self.assignment.local is not None:
+            self.board.keep(reply.policy.payload, reply.policy.version)
+            return want == "policy"
+        if kind != want:
+            raise ConnectionError(f"the learner sent {kind} where {want} was due")
+        return True
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        if self._channel is not None:
+            self._loop.run_until_complete(self._channel.close())
+        # gRPC leaves a task per call that ends when the core reports the cancelled call.
+        # Let it end on this loop: cancelled here, the core's report would still come, after
+        # the loop is closed, and another loop would print "Event loop is closed" for it.
+        pending = asyncio.all_tasks(self._loop)
+        if pending:
+            _, late = self._loop.run_until_complete(asyncio.wait(pending, timeout=_CLOSE_WAIT_S))
+            for task in late:
+                task.cancel()
+            if late:
+                self._loop.run_until_complete(asyncio.wait(late))
+        self._loop.close()
+
+
+async def _until_ready(channel: grpc.aio.Channel, address: str, timeout_s: float) -> None:
+    """Wait for ``channel`` to connect; ConnectionError at its first failure or at the timeout.
+
+    This polls the state rather than awaiting ``channel_ready``: that leaves a connectivity
+    watch in gRPC's core which completes only when the channel closes, after this client's loop
+    is closed, and gRPC then prints "Event loop is closed" from whichever loop runs next. A
+    failed attempt ends at once, so the caller's own backoff decides when to try again.
+    """
+    deadline = time.monotonic() + timeout_s
+    state = channel.get_state(try_to_connect=True)
+    while state != grpc.ChannelConnectivity.READY:
+        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE or time.monotonic() > deadline:
+            raise ConnectionError(f"cannot reach a learner at {address}")
+        await asyncio.sleep(_READY_POLL_S)
+        state = channel.get_state(try_to_connect=True)
+
+
+def _default_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"

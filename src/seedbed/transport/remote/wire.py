@@ -1,0 +1,126 @@
+"""What crosses the wire between a remote actor and the learner, and the secrets that guard it.
+
+The schema is ``../proto/actor.proto``: arrays travel as raw C-order bytes with their dtype and
+shape, and are used only once they are exactly what the learner expects. Nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from seedbed.errors import ConfigError
+from seedbed.transport.proto import actor_pb2 as pb
+
+# Bump when actor.proto changes incompatibly. 2: actions may be float arrays (Assignment says).
+# 3: local inference (Step.acted, Assignment.local_json, Policy).
+PROTOCOL = 3
+METHOD = "/seedbed.v1.Learner/Act"
+
+
+def read_secret(path: str | None, flag: str) -> bytes | None:
+    """The contents of a token or TLS file, with a one-line error when it cannot be read."""
+    if path is None:
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: {e.strerror}") from None
+    if not data.strip():
+        raise ConfigError(f"{flag} {path} is empty")
+    return data
+
+
+def to_wire(array: np.ndarray) -> pb.Array:
+    """An array as raw C-order bytes with its dtype and shape."""
+    array = np.ascontiguousarray(array)
+    return pb.Array(dtype=array.dtype.str, shape=array.shape, data=array.tobytes())
+
+
+def from_wire(message: pb.Array, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """The array ``message`` holds, if it is exactly ``dtype`` and ``shape``; else ValueError."""
+    if message.dtype != dtype.str or tuple(message.shape) != shape:
+        got = f"{message.dtype or '?'} {tuple(message.shape)}"
+        raise ValueError(f"{name} is {got}, expected {dtype.str} {shape}")
+    if len(message.data) != math.prod(shape) * dtype.itemsize:
+        raise ValueError(f"{name} carries {len(message.data)} bytes for {dtype.str} {shape}")
+    return np.frombuffer(message.data, dtype).reshape(shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Assignment:
+    """What a remote actor runs, as the learner assigns it on connect."""
+
+    env_id: str
+    num_envs: int
+    seed: int
+    settings: dict[str, Any] | None  # the env's preprocessing (Atari), as plain values
+    slot: int
+    obs_dtype: str
+    obs_shape: tuple[int, ...]
+    action_dtype: str = "int64"  # what the actions carry: int64 scalars for discrete envs
+    action_shape: tuple[int, ...] = ()  # one env's action
+    # Local inference, as plain values: "agent", "agent_config", "num_envs" (the run's),
+    # "first_env" (this slot's first env id) and "acted" ([name, shape, dtype] per field).
+    local: dict[str, Any] | None = None
+
+    def acted(self) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+        """The fields each step carries besides its arrays (none in central mode)."""
+        local = self.local or {}
+        return tuple((name, tuple(shape), dtype) for name, shape, dtype in local.get("acted", ()))
+
+    def to_message(self) -> pb.LearnerMessage:
+        settings = json.dumps(self.settings) if self.settings is not None else ""
+        return pb.LearnerMessage(
+            assignment=pb.Assignment(
+                env_id=self.env_id,
+                num_envs=self.num_envs,
+                seed=self.seed,
+                settings_json=settings,
+                slot=self.slot,
+                obs_dtype=self.obs_dtype,
+                obs_shape=self.obs_shape,
+                action_dtype=self.action_dtype,
+                action_shape=self.action_shape,
+                local_json=json.dumps(self.local) if self.local is not None else "",
+            )
+        )
+
+    @classmethod
+    def from_message(cls, message: pb.Assignment) -> Assignment:
+        return cls(
+            env_id=message.env_id,
+            num_envs=message.num_envs,
+            seed=message.seed,
+            settings=json.loads(message.settings_json) if message.settings_json else None,
+            slot=message.slot,
+            obs_dtype=message.obs_dtype,
+            obs_shape=tuple(message.obs_shape),
+            action_dtype=message.action_dtype or "int64",
+            action_shape=tuple(message.action_shape),
+            local=json.loads(message.local_json) if message.local_json else None,
+        )
+
+
+class Malformed:
+    """Stands in for a message that did not parse, so the gateway can say so and refuse it."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def parse(data: bytes, limit: int) -> pb.ActorMessage | Malformed:
+    """An actor's message from its bytes, or why it is refused (over ``limit`` bytes, or not
+    protobuf); gRPC calls this before the handler sees the message."""
+    if len(data) > limit:
+        return Malformed(f"message of {len(data)} bytes is over this run's {limit}-byte limit")
+    try:
+        return pb.ActorMessage.FromString(data)
+    except DecodeError as e:
+        return Malformed(f"malformed message of {len(data)} bytes ({e})")
