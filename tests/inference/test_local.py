@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from seedbed.agents import make_agent
-from seedbed.config import resolve
 from seedbed.inference.local import LocalActing, LocalPolicy, acted_fields
 from seedbed.inference.server import InferenceServer
 from seedbed.quantize import encode_policy
 from seedbed.replay import UnrollQueue
+from seedbed.resolve import resolve
 from seedbed.transport.base import Request
 from seedbed.transport.inprocess import InProcessServer
 from seedbed.transport.shm import PolicyBoard, SharedMemoryServer

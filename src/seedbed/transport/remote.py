@@ -48,8 +48,9 @@ from seedbed.transport.proto import actor_pb2 as pb
 log = logging.getLogger(__name__)
 
 # Bump when actor.proto changes incompatibly. 2: actions may be float arrays (Assignment says).
-# 3: local inference (Step.acted, Assignment.local_json, Policy).
-PROTOCOL = 3
+# 3: local inference (Step.acted, Assignment.local_json, Policy). 4: settings_json holds the env
+# family's settings by their flag names (Atari's backend is env_backend).
+PROTOCOL = 4
 METHOD = "/seedbed.v1.Learner/Act"
 _HEADROOM = 64 * 1024  # bytes a message may carry beyond its arrays (field tags, dtype strings)
 _READY_POLL_S = 0.02  # how often an actor looks whether its channel has connected
@@ -104,7 +105,7 @@ class Assignment:
     env_id: str
     num_envs: int
     seed: int
-    settings: dict[str, Any] | None  # the env's preprocessing (Atari), as plain values
+    settings: dict[str, Any] | None  # the env family's settings (e.g. Atari's), plain values
     slot: int
     obs_dtype: str
     obs_shape: tuple[int, ...]
