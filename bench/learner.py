@@ -26,9 +26,9 @@ import torch
 from machine import machine
 
 from seedbed.agents import make_agent
-from seedbed.config import resolve
 from seedbed.envs import make_spec
 from seedbed.replicate import Replicator, spawn
+from seedbed.resolve import resolve
 from seedbed.types import Unrolls
 
 
@@ -63,7 +63,7 @@ def measure(env: str, agent: str, batch: int, unroll: int, steps: int, warmup: i
     """One replica's part: learn ``steps`` times on its share of the batch; its steps/s."""
     with Replicator(device="cpu") as rep:
         config = settings(env, agent, batch, unroll, dtype)
-        spec = make_spec(env, config.train.atari_settings())
+        spec = make_spec(env, config.env_settings)
         torch.manual_seed(0)
         agent = make_agent(agent, spec, config.agent, rep.device, batch)
         rep.wrap_optimizer(agent.optimizer)

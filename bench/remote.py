@@ -24,8 +24,8 @@ import time
 from machine import machine
 from throughput import steady_fps, train_flags, training_fps
 
-from seedbed.atari import is_atari
-from seedbed.config import resolve
+from seedbed.envs.atari import is_atari
+from seedbed.resolve import resolve
 
 
 def remote_training_fps(settings: dict, listen: str) -> tuple[float, dict]:

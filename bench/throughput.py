@@ -26,9 +26,10 @@ import time
 import numpy as np
 from machine import machine
 
-from seedbed.atari import is_atari
 from seedbed.cli import build_parser
-from seedbed.config import RunConfig, resolve, to_dict
+from seedbed.config import RunConfig, to_dict
+from seedbed.envs.atari import is_atari
+from seedbed.resolve import resolve
 
 
 def _raw_worker(env_id: str, num_envs: int, settings, seconds: float, out) -> None:
@@ -48,9 +49,9 @@ def _raw_worker(env_id: str, num_envs: int, settings, seconds: float, out) -> No
 def raw_env_fps(config: RunConfig, seconds: float, backend: str | None = None) -> float:
     """Frames/s of the run's actor processes stepping their envs, nothing else."""
     train = config.train
-    settings = train.atari_settings()
+    settings = config.env_settings
     if backend is not None:
-        settings = dataclasses.replace(settings, backend=backend)
+        settings = dataclasses.replace(settings, env_backend=backend)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     procs = [
@@ -64,7 +65,7 @@ def raw_env_fps(config: RunConfig, seconds: float, backend: str | None = None) -
     total = sum(out.get() for _ in procs)
     for p in procs:
         p.join()
-    frame_skip = train.frame_skip if is_atari(train.env) else 1
+    frame_skip = settings.frame_skip if is_atari(train.env) else 1
     return total * frame_skip / seconds
 
 
@@ -122,12 +123,13 @@ def main() -> None:
         }
         train_fps, summary = training_fps(settings)
     config = resolve([settings])
-    raw = {config.train.env_backend: raw_env_fps(config, args.raw_seconds)}
+    own_backend = getattr(config.env_settings, "env_backend", "gymnasium")
+    raw = {own_backend: raw_env_fps(config, args.raw_seconds)}
     if atari:  # the goal compares with the fastest backend
         for backend in ("gymnasium", "envpool"):
             if backend not in raw:
                 raw[backend] = raw_env_fps(config, args.raw_seconds, backend)
-    own = raw[config.train.env_backend]
+    own = raw[own_backend]
     settings.pop("run_dir")
     report = {
         "benchmark": "throughput",
@@ -136,6 +138,7 @@ def main() -> None:
             **settings,
             **{k: v for k, v in to_dict(config.train).items() if k in _SHOWN},
             **{k: v for k, v in to_dict(config.agent).items() if k in _SHOWN},
+            **{k: v for k, v in to_dict(config.env_settings).items() if k in _SHOWN},
         },
         "train_frames_per_s": round(train_fps),
         "raw_env_frames_per_s": round(own),

@@ -7,8 +7,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from seedbed.atari import AtariSettings
 from seedbed.envs import check_env_id, make_env, make_spec, make_vector_env
+from seedbed.envs.atari import AtariSettings
 from seedbed.errors import ConfigError
 
 HAS_ENVPOOL = importlib.util.find_spec("envpool") is not None
@@ -38,7 +38,7 @@ def play(settings: AtariSettings, actions: np.ndarray, num_envs: int = 2, seed: 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_observations_are_stacked_uint8_frames(backend):
-    settings = AtariSettings.defaults(backend=backend)
+    settings = AtariSettings(env_backend=backend)
     spec = make_spec("atari:Pong", settings)
     assert spec.obs_shape == (4, 84, 84) and spec.obs_dtype == "uint8"
     assert spec.num_actions == 6 and spec.frame_skip == 4
@@ -46,7 +46,7 @@ def test_observations_are_stacked_uint8_frames(backend):
     assert frames.shape == (9, 2, 4, 84, 84) and frames.dtype == np.uint8
     # The stack shifts by one frame per step: the newest frame becomes the next step's third.
     assert np.array_equal(frames[5][:, 3], frames[6][:, 2])
-    full = make_spec("atari:Pong", AtariSettings.defaults(backend=backend, full_action_space=True))
+    full = make_spec("atari:Pong", AtariSettings(env_backend=backend, full_action_space=True))
     assert full.num_actions == 18
 
 
@@ -54,9 +54,9 @@ def test_observations_are_stacked_uint8_frames(backend):
 def test_sticky_actions_repeat_the_previous_action(backend):
     moves = np.where(np.arange(40)[:, None] % 6 < 3, UP, DOWN).repeat(2, axis=1)
     noops = np.zeros_like(moves)
-    always_sticky = play(AtariSettings.defaults(backend=backend, sticky_actions=1.0), moves)
-    never_sticky = play(AtariSettings.defaults(backend=backend, sticky_actions=0.0), moves)
-    idle = play(AtariSettings.defaults(backend=backend, sticky_actions=0.0), noops)
+    always_sticky = play(AtariSettings(env_backend=backend, sticky_actions=1.0), moves)
+    never_sticky = play(AtariSettings(env_backend=backend, sticky_actions=0.0), moves)
+    idle = play(AtariSettings(env_backend=backend, sticky_actions=0.0), noops)
     # Probability 1 repeats the first action (NOOP at reset) forever: the moves never land.
     assert np.array_equal(always_sticky, idle)
     assert not np.array_equal(never_sticky, idle)
@@ -64,7 +64,7 @@ def test_sticky_actions_repeat_the_previous_action(backend):
 
 def test_noop_starts_begin_episodes_at_random_frames():
     def start_frames(noop_max: int) -> list[int]:
-        env = make_env("atari:Pong", AtariSettings.defaults(sticky_actions=0.0, noop_max=noop_max))
+        env = make_env("atari:Pong", AtariSettings(sticky_actions=0.0, noop_max=noop_max))
         try:
             return [env.reset(seed=s)[1]["episode_frame_number"] for s in range(12)]
         finally:
@@ -77,7 +77,7 @@ def test_noop_starts_begin_episodes_at_random_frames():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_episodes_are_capped_and_reset_on_the_same_step(backend):
-    settings = AtariSettings.defaults(backend=backend, max_episode_frames=400)  # 100 agent steps
+    settings = AtariSettings(env_backend=backend, max_episode_frames=400)  # 100 agent steps
     envs = make_vector_env("atari:Pong", 2, 0, settings)
     try:
         first, _ = envs.reset(seed=0)
@@ -98,7 +98,7 @@ def test_backends_agree_on_scores_of_a_fixed_policy():
     """Random play, the same on both: similar raw Pong scores and episode lengths."""
     results = {}
     for backend in ("gymnasium", "envpool"):
-        envs = make_vector_env("atari:Pong", 4, 3, AtariSettings.defaults(backend=backend))
+        envs = make_vector_env("atari:Pong", 4, 3, AtariSettings(env_backend=backend))
         rng = np.random.default_rng(0)
         returns, lengths = [], []
         total, steps = np.zeros(4), np.zeros(4)

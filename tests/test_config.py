@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from seedbed.config import TrainConfig, load_yaml, resolve
+from seedbed.config import TrainConfig, load_yaml
 from seedbed.errors import ConfigError
+from seedbed.resolve import resolve
 
 
 def test_defaults_are_the_embedded_cartpole_run():

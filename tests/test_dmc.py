@@ -12,9 +12,9 @@ pytest.importorskip("dm_control", reason="the dmc extra is not installed")
 
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
-from seedbed.config import env_family  # noqa: E402
 from seedbed.envs import check_env_id, make_env, make_spec, make_vector_env  # noqa: E402
 from seedbed.errors import ConfigError  # noqa: E402
+from seedbed.resolve import env_family  # noqa: E402
 
 
 # Observations are unbounded, as Gymnasium's own MuJoCo envs declare theirs; its checker warns.

@@ -7,8 +7,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from seedbed import dmlab
-from seedbed.envs import check_env_id, make_env
+from seedbed.envs import check_env_id, dmlab, make_env
 from seedbed.errors import ConfigError
 
 

@@ -13,8 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from seedbed import football
-from seedbed.envs import check_env_id, make_env, make_spec, make_vector_env
+from seedbed.envs import check_env_id, football, make_env, make_spec, make_vector_env
 from seedbed.errors import ConfigError
 
 needs_gfootball = pytest.mark.skipif(

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from seedbed.config import RunConfig, resolve
+from seedbed.config import RunConfig
 from seedbed.errors import ConfigError, SeedbedError
 from seedbed.loggers import DEFAULT_LOGGERS, LOGGERS, RunInfo, RunLogger
 from seedbed.loggers.wandb import ID_FILE
+from seedbed.resolve import resolve
 from seedbed.telemetry import read_metrics
 from tests.conftest import assert_imports_without, tiny_settings
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from seedbed.config import resolve
 from seedbed.nets import make_actor_critic
 from seedbed.normalize import ObsNormalizer, PopArtValue
 from seedbed.quantize import decode_policy, encode_policy
 from seedbed.replicate import Replicator, replica_context
+from seedbed.resolve import resolve
 from seedbed.runtime.checkpoint import load_checkpoint
 from seedbed.runtime.train import train
 from seedbed.types import EnvSpec

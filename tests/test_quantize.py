@@ -314,8 +314,8 @@ def test_a_broadcast_leaves_out_what_acting_never_reads():
 
 def test_a_d4pg_broadcast_carries_the_policy_alone():
     from seedbed.agents import make_agent
-    from seedbed.config import resolve
     from seedbed.envs import make_spec
+    from seedbed.resolve import resolve
 
     spec = make_spec("dmc:cartpole-balance")  # 5 observations, 1 action in [-1, 1]
     config = resolve([{"env": "dmc:cartpole-balance", "agent": "d4pg"}]).agent

@@ -31,7 +31,8 @@ def train(config: RunConfig | TrainConfig | None = None, /, **settings: Any) -> 
     the flag's message. ``config`` (a ``RunConfig`` or ``TrainConfig``) is a layer beneath them.
     Users' envs are named ``module:EnvId-v0``; the module registers them with Gymnasium.
     """
-    from seedbed.config import RunConfig, TrainConfig, resolve, to_dict
+    from seedbed.config import RunConfig, TrainConfig, to_dict
+    from seedbed.resolve import resolve
     from seedbed.runtime.train import train as run
 
     layers = []

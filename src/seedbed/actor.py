@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from seedbed.atari import AtariSettings
-from seedbed.envs import make_vector_env
+from seedbed.envs import make_settings, make_vector_env
 from seedbed.errors import SeedbedError
 from seedbed.transport.base import ActorTransport, Endpoint
 
@@ -56,12 +55,13 @@ def run_actor(
     endpoint: Endpoint,
     env_id: str,
     num_envs: int,
-    settings: AtariSettings | None,
+    settings: Any,
     local: Any,
     seed: int,
 ) -> None:
     """Act until the learner goes away. ``endpoint.open()`` gives the transport client;
-    ``local`` (a ``LocalActing``) makes the actor pick its own actions, None leaves it central."""
+    ``settings`` are the env family's (None: its defaults); ``local`` (a ``LocalActing``) makes
+    the actor pick its own actions, None leaves it central."""
     # The learner decides when actors stop: a Ctrl-C, or a SIGTERM sent to the whole group,
     # reaches it too, and it stops them once its final checkpoint and summary are written.
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -84,7 +84,7 @@ def run_actor(
             policy.close()
 
 
-def _remote_policy(client: Any, settings: AtariSettings | None) -> Any:
+def _remote_policy(client: Any, settings: Any) -> Any:
     """The ``LocalPolicy`` a remote actor acts with, as its assignment describes it; the
     stream itself brings the policies."""
     from seedbed.agents import config_class
@@ -131,10 +131,10 @@ def run_remote_actor(
             continue
         failing_since, delay = None, 0.5
         job = client.assignment
-        settings = AtariSettings(**job.settings) if job.settings else None
         log.info("acting in slot %d: %d x %s", job.slot, job.num_envs, job.env_id)
         envs = policy = None
         try:
+            settings = make_settings(job.env_id, job.settings)  # the learner's env settings
             envs = make_vector_env(job.env_id, job.num_envs, job.seed, settings)
             if job.local is not None:
                 policy = _remote_policy(client, settings)

@@ -7,6 +7,7 @@ runtime. Heavy imports (torch) happen inside the commands so that ``--help`` is 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
@@ -14,17 +15,25 @@ from pathlib import Path
 from typing import Any
 
 from seedbed import __version__
-from seedbed.config import TrainConfig, add_arguments, check_address, load_yaml, resolve
+from seedbed.config import TrainConfig, add_arguments, check_address, load_yaml
 from seedbed.errors import SeedbedError
+from seedbed.resolve import resolve
 
 
 def _add_settings(p: argparse.ArgumentParser) -> None:
-    """``--config`` and one flag per run and agent setting."""
+    """``--config`` and one flag per run, env family and agent setting."""
     from seedbed.agents import AGENTS, config_class
+    from seedbed.envs import families
 
     p.add_argument("--config", metavar="FILE.yaml", help="YAML file of settings", default=None)
     seen: set[str] = set()
     add_arguments(p.add_argument_group("run settings"), TrainConfig, seen)
+    for family in families():
+        if not dataclasses.fields(family.settings_class):
+            continue  # no settings: no group in --help
+        ids = f"{family.prefix}... ids" if family.prefix else "its ids"
+        group = p.add_argument_group(f"{family.name} settings ({ids}; YAML: {family.name}: ...)")
+        add_arguments(group, family.settings_class, seen)
     for name in AGENTS:
         add_arguments(p.add_argument_group(f"{name} agent settings"), config_class(name), seen)
 

@@ -3,6 +3,10 @@
 Settings resolve in this order, later winning: dataclass defaults, ``--config FILE.yaml``, flags.
 Each setting is a dataclass field whose metadata carries its help text; flags, YAML keys and the
 saved ``config.yaml`` are all derived from the fields, so they cannot drift apart.
+
+This module is the bottom of the settings: the run's own (``TrainConfig``) and the machinery that
+agents' and env families' settings are declared with. It imports neither: ``seedbed.resolve``
+merges all three, with each env family's and agent's defaults.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ class TrainConfig:
     """How a training run is laid out: environments, processes, budget and bookkeeping."""
 
     env: str = setting(
-        "CartPole-v1", "environment id: any Gymnasium id, or atari:GAME (e.g. atari:Pong)"
+        "CartPole-v1",
+        "environment id: a Gymnasium id, atari:GAME (e.g. atari:Pong), dmc:DOMAIN-TASK, "
+        "football:SCENARIO, dmlab:LEVEL, or your own module:EnvId",
     )
     agent: str = setting(
         "vtrace",
@@ -108,20 +114,6 @@ class TrainConfig:
     )
     tls_cert: str | None = setting(None, "with --listen: PEM certificate to serve TLS with")
     tls_key: str | None = setting(None, "with --listen: PEM private key of --tls-cert")
-    # Atari preprocessing (atari:GAME ids only); defaults: Machado et al. (2018) sticky actions.
-    env_backend: Literal["gymnasium", "envpool"] = setting(
-        "gymnasium", "Atari backend: Gymnasium's ALE wrappers, or EnvPool (faster, C++)"
-    )
-    frame_skip: int = setting(4, "emulator frames per agent step (max of the last two is seen)")
-    sticky_actions: float = setting(
-        0.25, "probability that the emulator repeats the previous action on each frame"
-    )
-    full_action_space: bool = setting(False, "all 18 actions instead of the game's minimal set")
-    noop_max: int = setting(0, "start episodes with up to this many no-ops (0: none)")
-    frame_stack: int = setting(4, "frames stacked into one observation")
-    screen_size: int = setting(84, "observations are screen-size x screen-size grayscale")
-    max_episode_frames: int = setting(108_000, "cut episodes after this many emulator frames")
-    terminal_on_life_loss: bool = setting(False, "end the episode when a life is lost")
     # Energy and carbon of the run (seedbed.energy); USA is CodeCarbon's own fallback country.
     energy: bool = setting(True, "measure energy and carbon with CodeCarbon (offline, no files)")
     country: str = setting(
@@ -163,19 +155,13 @@ class TrainConfig:
             "queue_size",
             "total_frames",
             "keep_checkpoints",
-            "frame_skip",
-            "frame_stack",
-            "screen_size",
-            "max_episode_frames",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{flag(name)} must be positive, got {getattr(self, name)}")
         for name in ("inference_timeout_ms", "checkpoint_every_s", "log_every_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
-        if not 0.0 <= self.sticky_actions <= 1.0:
-            raise ConfigError(f"--sticky-actions must lie in [0, 1], got {self.sticky_actions}")
-        for name in ("threads", "learner_threads", "max_actor_restarts", "noop_max"):
+        for name in ("threads", "learner_threads", "max_actor_restarts"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
         if not (len(self.country) == 3 and self.country.isascii() and self.country.isalpha()):
@@ -252,22 +238,6 @@ class TrainConfig:
     def num_envs(self) -> int:
         """All environments across all actor slots."""
         return self.num_slots * self.envs_per_actor
-
-    def atari_settings(self) -> Any:
-        """The Atari preprocessing these settings ask for (an ``AtariSettings``)."""
-        from seedbed.atari import AtariSettings
-
-        return AtariSettings(
-            backend=self.env_backend,
-            frame_skip=self.frame_skip,
-            sticky_actions=self.sticky_actions,
-            full_action_space=self.full_action_space,
-            noop_max=self.noop_max,
-            frame_stack=self.frame_stack,
-            screen_size=self.screen_size,
-            max_episode_frames=self.max_episode_frames,
-            terminal_on_life_loss=self.terminal_on_life_loss,
-        )
 
 
 def is_local_address(address: str) -> bool:
@@ -438,128 +408,24 @@ def _metavar(tp: Any) -> str:
 
 @dataclasses.dataclass
 class RunConfig:
-    """Everything a run needs: the layout and the chosen agent's settings."""
+    """Everything a run needs: the layout, the chosen agent's settings and the env family's."""
 
     train: TrainConfig
     agent: Any
+    env_settings: Any = None  # the env family's settings dataclass (e.g. AtariSettings)
+    family: str = ""  # the env family's name: the config section its settings are saved in
 
     def to_dict(self) -> dict[str, Any]:
-        """The nested form saved as ``config.yaml``: run settings, then the agent's section."""
-        return {**to_dict(self.train), self.train.agent: to_dict(self.agent)}
+        """The nested form saved as ``config.yaml``: run settings, then the agent's section and
+        the env family's (where it has settings)."""
+        out = {**to_dict(self.train), self.train.agent: to_dict(self.agent)}
+        if self.env_settings is not None and dataclasses.fields(self.env_settings):
+            out[self.family] = to_dict(self.env_settings)
+        return out
 
     def validate(self) -> None:
         self.train.validate()
         self.agent.validate()
+        if hasattr(self.env_settings, "validate"):
+            self.env_settings.validate()
         self.agent.check_run(self.train)  # what the agent needs of the run's layout
-
-
-# Run settings whose defaults differ by environment family. They sit above the dataclass
-# defaults and below --config and flags; agents keep their own table (FAMILY_DEFAULTS).
-FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    # PPO reached CartPole's 475 in a median 8.3 s from the command's start (10 seeds), V-trace
-    # in 13-17 s (docs/benchmarks.md); it also acts in continuous spaces (Pendulum-v1).
-    "classic": {"agent": "ppo"},
-    # Atari's CNN makes the learner the busiest part: torch may use every core. A2C's layout:
-    # 16 envs and batches of all 16 unrolls of 5 steps (80 steps per update). A batch as large
-    # as the envs keeps the policy lag near 2 updates; Pong did not learn with lags of 17-34.
-    "atari": {
-        # PPO passed Pong's -15 13 minutes from the command's start; V-trace was at -18 at 20.
-        "agent": "ppo",
-        "target_return": None,
-        "total_frames": 50_000_000,
-        "actors": 2,
-        "envs_per_actor": 8,
-        "unroll": 5,
-        "batch": 16,
-        "queue_size": 16,
-        "threads": 0,
-    },
-    # Continuous control: returns have no common target (DM Control's top out at 1,000).
-    "dmc": {"target_return": None, "total_frames": 1_000_000},
-    "mujoco": {"agent": "ppo", "target_return": None, "total_frames": 1_000_000},
-    # Google Research Football on 2 CPU cores: gfootball steps ~150 frames/s per core and the
-    # Football ResNet costs about as much, so 16 envs and batches of 8 unrolls of 16 steps
-    # (a policy lag near 4 updates); full games have no common target return.
-    "football": {
-        "target_return": None,
-        "total_frames": 5_000_000,
-        "actors": 2,
-        "envs_per_actor": 8,
-        "unroll": 16,
-        "batch": 8,
-        "queue_size": 16,
-        "inference_batch": 16,
-        "threads": 0,
-    },
-    # DeepMind Lab: IMPALA's frames are as costly as Atari's; returns have no common target.
-    "dmlab": {"target_return": None, "total_frames": 50_000_000, "threads": 0},
-}
-
-# Gymnasium's MuJoCo tasks (their ids are NAME-vN), told apart without importing gymnasium.
-MUJOCO_TASKS = (
-    "Ant",
-    "HalfCheetah",
-    "Hopper",
-    "Humanoid",
-    "HumanoidStandup",
-    "InvertedDoublePendulum",
-    "InvertedPendulum",
-    "Pusher",
-    "Reacher",
-    "Swimmer",
-    "Walker2d",
-)
-
-
-def env_family(env_id: str) -> str:
-    """The family whose defaults apply to ``env_id``: 'atari' for atari:GAME, 'dmc' for
-    dmc:DOMAIN-TASK, 'football' for football:SCENARIO, 'dmlab' for dmlab:LEVEL, 'mujoco' for
-    Gymnasium's MuJoCo ids (HalfCheetah-v5, ...), else 'classic'."""
-    if env_id.startswith("atari:"):
-        return "atari"
-    if env_id.startswith("dmc:"):
-        return "dmc"
-    if env_id.startswith(("football:", "dmlab:")):
-        return env_id.split(":", 1)[0]
-    if env_id.rsplit("-v", 1)[0] in MUJOCO_TASKS:
-        return "mujoco"
-    return "classic"
-
-
-def resolve(layers: list[dict[str, Any]]) -> RunConfig:
-    """Merge setting layers (earlier ones lose) into a validated RunConfig.
-
-    Each layer maps names to values; a layer may hold agent settings flat or nested under the
-    agent's name, as ``config.yaml`` does. The defaults of the environment's family come first,
-    then the agent's own run defaults for that family.
-    """
-    from seedbed.agents import AGENTS, config_class, family_defaults, run_defaults  # no torch
-
-    train_names = {f.name for f in dataclasses.fields(TrainConfig)}
-    train_values: dict[str, Any] = {}
-    for layer in layers:
-        train_values.update({k: v for k, v in layer.items() if k in train_names})
-    family = env_family(str(train_values.get("env", TrainConfig.env)))
-    family_run = FAMILY_DEFAULTS.get(family, {})
-    agent_name = train_values.get("agent", family_run.get("agent", TrainConfig.agent))
-    train_values = {**family_run, **run_defaults(agent_name, family), **train_values}
-    agent_cls = config_class(agent_name)
-    agent_names = {f.name for f in dataclasses.fields(agent_cls)}
-    agent_values: dict[str, Any] = dict(family_defaults(agent_name, family))
-    for layer in layers:
-        for key, value in layer.items():
-            if key in train_names:
-                continue
-            if key in AGENTS and isinstance(value, dict):
-                if key == agent_name:
-                    agent_values.update({k.replace("-", "_"): v for k, v in value.items()})
-                continue  # another agent's section: kept in the file, unused
-            if key not in agent_names:
-                raise ConfigError(unknown_message(key, train_names | agent_names))
-            agent_values[key] = value
-    for key in agent_values:
-        if key not in agent_names:
-            raise ConfigError(f"{unknown_message(key, agent_names)} (agent {agent_name})")
-    config = RunConfig(build(TrainConfig, train_values), build(agent_cls, agent_values))
-    config.validate()
-    return config

@@ -105,7 +105,7 @@ class LearnerHost:
     """A Ray actor that runs the learner; ``train`` blocks, the other methods answer meanwhile."""
 
     def __init__(self, layers: list[dict[str, Any]], token: str | None) -> None:
-        from seedbed.config import resolve
+        from seedbed.resolve import resolve
         from seedbed.runtime.train import TrainingRun
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -297,7 +297,7 @@ def _get(ref: Any) -> Any:
 
 def resolve_run_dir(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Fix the run directory to an absolute path here, so the learner writes where we expect."""
-    from seedbed.config import resolve
+    from seedbed.resolve import resolve
     from seedbed.runtime.rundir import check_run_dir
     from seedbed.runtime.train import default_run_dir
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from seedbed.agents import AGENTS, action_kinds, config_class, make_agent
-from seedbed.config import resolve
 from seedbed.inference.unrolls import UnrollBuilder
+from seedbed.resolve import resolve
 from seedbed.runtime.checkpoint import load_checkpoint, save_checkpoint
 from seedbed.types import EnvSpec, StepInput
 

@@ -12,8 +12,8 @@ from seedbed.agents import make_agent
 from seedbed.agents.categorical import categorical_projection, n_step_distribution
 from seedbed.agents.d4pg.learning import d4pg_loss, time_limit_cut
 from seedbed.agents.q_targets import geometric_spread, n_step_return_and_discount
-from seedbed.config import resolve
 from seedbed.errors import ConfigError
+from seedbed.resolve import resolve
 from seedbed.types import EnvSpec, ReplayInfo, StepInput, Unrolls
 
 SPEC = EnvSpec(

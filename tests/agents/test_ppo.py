@@ -12,8 +12,8 @@ from torch.nn import functional as F
 from seedbed.agents import make_agent
 from seedbed.agents.policies import GaussianPolicy
 from seedbed.agents.ppo.learning import batch_targets, gae, ppo_loss, prepared
-from seedbed.config import resolve
 from seedbed.errors import ConfigError
+from seedbed.resolve import resolve
 from seedbed.runtime.train import train
 from seedbed.types import EnvSpec
 from tests.agents.test_agents import CONTINUOUS, DISCRETE, collect

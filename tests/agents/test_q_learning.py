@@ -14,7 +14,7 @@ from seedbed.agents.q_targets import (
     sequence_priorities,
     value_rescale,
 )
-from seedbed.config import resolve
+from seedbed.resolve import resolve
 from seedbed.types import EnvSpec, ReplayInfo, Unrolls
 
 SPEC = EnvSpec("test", (3,), "float32", 4)

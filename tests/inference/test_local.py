@@ -11,12 +11,12 @@ import torch
 
 from seedbed.actor import act
 from seedbed.agents import make_agent
-from seedbed.config import resolve
 from seedbed.envs import make_spec, make_vector_env
 from seedbed.inference.local import LocalActing, LocalPolicy, acted_fields
 from seedbed.inference.server import InferenceServer
 from seedbed.quantize import encode_policy
 from seedbed.replay import UnrollQueue
+from seedbed.resolve import resolve
 from seedbed.transport import backend
 from seedbed.transport.base import Request, TransportSpec
 from seedbed.transport.inprocess import InProcessServer

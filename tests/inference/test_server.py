@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 from seedbed.agents import make_agent
-from seedbed.config import resolve
 from seedbed.inference.server import InferenceServer
 from seedbed.replay import UnrollQueue
+from seedbed.resolve import resolve
 from seedbed.transport.base import Request
 from seedbed.transport.inprocess import InProcessServer
 from seedbed.types import EnvSpec

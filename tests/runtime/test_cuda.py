@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from seedbed.agents import config_class, make_agent
-from seedbed.config import resolve
+from seedbed.resolve import resolve
 from seedbed.runtime.train import train
 from tests.agents.test_agents import AGENT_KINDS, SPECS, collect
 from tests.conftest import tiny_settings

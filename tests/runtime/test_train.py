@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from seedbed.agents import make_agent
-from seedbed.config import resolve
 from seedbed.envs import make_spec
+from seedbed.resolve import resolve
 from seedbed.runtime.checkpoint import list_checkpoints, load_checkpoint
 from seedbed.runtime.evaluate import evaluate
 from seedbed.runtime.train import TrainingRun, train

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from seedbed.agents import make_agent
-from seedbed.config import resolve
 from seedbed.envs import make_env, make_spec
 from seedbed.errors import SeedbedError
+from seedbed.resolve import resolve
 from seedbed.runtime.checkpoint import latest_checkpoint, load_checkpoint
 from seedbed.types import EnvSpec, StepInput
 
@@ -43,7 +43,7 @@ def evaluate(
     """Run ``episodes`` episodes with the policy saved at ``path``; mean, std, min, max return."""
     state = load_checkpoint(find_checkpoint(path))
     config = resolve([state["config"]])
-    settings = config.train.atari_settings()
+    settings = config.env_settings
     spec = make_spec(config.train.env, settings)
     agent = make_agent(config.train.agent, spec, config.agent, torch.device(device))
     agent.load_state_dict(state["agent"])

@@ -98,7 +98,7 @@ class TrainingRun:
         # 465 ms of CPU in a run, 300 alone; benchmarks.md).
         process = torch.get_num_threads()
         self.threads = {"inference": process, "learner": cfg.learner_threads or max(1, process - 1)}
-        self.spec = make_spec(cfg.env, cfg.atari_settings())
+        self.spec = make_spec(cfg.env, config.env_settings)
         self.secrets = self._read_secrets()
         # Before the networks exist, and alike on every replica: the seed fixes their init too.
         torch.manual_seed(cfg.seed)
@@ -278,7 +278,7 @@ class TrainingRun:
             cfg.actors,
             transport.connect,
             run_actor,
-            (cfg.env, cfg.envs_per_actor, cfg.atari_settings(), acting),
+            (cfg.env, cfg.envs_per_actor, self.config.env_settings, acting),
             cfg.seed,
             ctx,
             cfg.max_actor_restarts,
@@ -400,7 +400,7 @@ class TrainingRun:
     def _gateway(self, transport: ServerTransport, acted: Fields) -> ActorGateway:
         """The listener for remote actors; they take the slots after the local actors'."""
         cfg = self.layout
-        settings = dataclasses.asdict(cfg.atari_settings())
+        settings = to_dict(self.config.env_settings)  # plain values: JSON to remote actors
 
         local = None
         if cfg.inference == "local":

@@ -107,7 +107,7 @@ CONFIG_CLASS = D4PGConfig
 _RUN = {"batch": 64, "unroll": 20, "envs_per_actor": 4}
 RUN_DEFAULTS = {"classic": _RUN, "dmc": _RUN, "mujoco": _RUN}
 
-# Settings that differ for an environment family (see seedbed.config.FAMILY_DEFAULTS).
+# Settings that differ for an environment family (its row: seedbed.resolve.env_family).
 FAMILY_DEFAULTS = {
     # DM Control rewards lie in [0, 1] per step, so returns discounted by 0.99 lie in [0, 100]:
     # atoms over exactly that range are 3x finer than Acme's generic [-150, 150].

@@ -159,7 +159,7 @@ RUN_DEFAULTS = {
     "atari": {"unroll": 20, "batch": 32},
 }
 
-# Settings that differ for an environment family (see seedbed.config.FAMILY_DEFAULTS).
+# Settings that differ for an environment family (its row: seedbed.resolve.env_family).
 FAMILY_DEFAULTS = {
     "atari": {
         "torso": "nature",

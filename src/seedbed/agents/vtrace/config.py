@@ -85,7 +85,7 @@ class VTraceConfig:
 
 CONFIG_CLASS = VTraceConfig
 
-# Settings that differ for an environment family (see seedbed.config.FAMILY_DEFAULTS).
+# Settings that differ for an environment family (its row: seedbed.resolve.env_family).
 FAMILY_DEFAULTS = {
     "atari": {
         "torso": "nature",

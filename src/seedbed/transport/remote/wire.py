@@ -19,8 +19,9 @@ from seedbed.errors import ConfigError
 from seedbed.transport.proto import actor_pb2 as pb
 
 # Bump when actor.proto changes incompatibly. 2: actions may be float arrays (Assignment says).
-# 3: local inference (Step.acted, Assignment.local_json, Policy).
-PROTOCOL = 3
+# 3: local inference (Step.acted, Assignment.local_json, Policy). 4: settings_json holds the env
+# family's settings by their flag names (Atari's backend is env_backend).
+PROTOCOL = 4
 METHOD = "/seedbed.v1.Learner/Act"
 
 
@@ -60,7 +61,7 @@ class Assignment:
     env_id: str
     num_envs: int
     seed: int
-    settings: dict[str, Any] | None  # the env's preprocessing (Atari), as plain values
+    settings: dict[str, Any] | None  # the env family's settings (e.g. Atari's), plain values
     slot: int
     obs_dtype: str
     obs_shape: tuple[int, ...]

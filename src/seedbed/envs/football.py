@@ -41,6 +41,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from seedbed.envs.base import EnvFamily
 from seedbed.errors import ConfigError
 
 PREFIX = "football:"
@@ -103,6 +104,7 @@ class FootballSettings:
 
 
 def is_football(env_id: str) -> bool:
+    """Whether ``env_id`` is a ``football:`` id."""
     return env_id.startswith(PREFIX)
 
 
@@ -265,3 +267,36 @@ class FootballEnv(gym.Env):
 def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     """The scenario of a ``football:`` id as a Gymnasium env."""
     return FootballEnv(parse(env_id), render_mode)
+
+
+class FootballFamily(EnvFamily):
+    """``football:SCENARIO[:KEY=VALUE]...`` ids; the options travel in the id itself."""
+
+    name = "football"
+    prefix = PREFIX
+    # Google Research Football on 2 CPU cores: gfootball steps ~150 frames/s per core and the
+    # Football ResNet costs about as much, so 16 envs and batches of 8 unrolls of 16 steps
+    # (a policy lag near 4 updates); full games have no common target return.
+    defaults = {
+        "target_return": None,
+        "total_frames": 5_000_000,
+        "actors": 2,
+        "envs_per_actor": 8,
+        "unroll": 16,
+        "batch": 8,
+        "queue_size": 16,
+        "inference_batch": 16,
+        "threads": 0,
+    }
+
+    def check(self, env_id: str) -> None:
+        parse(env_id)
+
+    def make(self, env_id: str, settings: Any, render_mode: str | None = None) -> gym.Env:
+        return make_env(env_id, render_mode)
+
+    def spec_extra(self, env_id: str, settings: Any) -> dict[str, Any]:
+        return {"protocol": parse(env_id).protocol()}
+
+
+FAMILY = FootballFamily()

@@ -25,12 +25,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from seedbed.envs.base import EnvFamily
 from seedbed.errors import ConfigError
 
 PREFIX = "dmc:"
 
 
 def is_dmc(env_id: str) -> bool:
+    """Whether ``env_id`` is a ``dmc:`` id."""
     return env_id.startswith(PREFIX)
 
 
@@ -137,3 +139,21 @@ class DMCEnv(gym.Env):
 def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     """The task of a ``dmc:DOMAIN-TASK`` id as a Gymnasium env."""
     return DMCEnv(*task_name(env_id), render_mode=render_mode)
+
+
+class DMCFamily(EnvFamily):
+    """``dmc:DOMAIN-TASK`` ids; the suite fixes each task, so the family has no settings."""
+
+    name = "dmc"
+    prefix = PREFIX
+    # Continuous control: returns have no common target (DM Control's top out at 1,000).
+    defaults = {"target_return": None, "total_frames": 1_000_000}
+
+    def check(self, env_id: str) -> None:
+        task_name(env_id)
+
+    def make(self, env_id: str, settings: Any, render_mode: str | None = None) -> gym.Env:
+        return make_env(env_id, render_mode)
+
+
+FAMILY = DMCFamily()

@@ -17,39 +17,49 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-from typing import Any
+import re
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
 
+from seedbed.config import flag, setting
+from seedbed.envs.base import EnvFamily
 from seedbed.errors import ConfigError
 
 PREFIX = "atari:"
+# ALE's own Gymnasium ids name the same games: ALE/Pong-v5 is atari:Pong here.
+_ALE_ID = re.compile(r"ALE/(?P<game>.+)-v\d+")
 
 
 @dataclasses.dataclass(frozen=True)
 class AtariSettings:
-    """The preprocessing of an Atari environment, from a run's settings (``--frame-skip``…).
+    """The preprocessing of an Atari environment: the run's ``atari`` section (``--frame-skip``
+    and the other flags set the same fields). Defaults: Machado et al. (2018) sticky actions."""
 
-    The defaults and help text live with the other run settings in ``TrainConfig``.
-    """
+    env_backend: Literal["gymnasium", "envpool"] = setting(
+        "gymnasium", "Atari backend: Gymnasium's ALE wrappers, or EnvPool (faster, C++)"
+    )
+    frame_skip: int = setting(4, "emulator frames per agent step (max of the last two is seen)")
+    sticky_actions: float = setting(
+        0.25, "probability that the emulator repeats the previous action on each frame"
+    )
+    full_action_space: bool = setting(False, "all 18 actions instead of the game's minimal set")
+    noop_max: int = setting(0, "start episodes with up to this many no-ops (0: none)")
+    frame_stack: int = setting(4, "frames stacked into one observation")
+    screen_size: int = setting(84, "observations are screen-size x screen-size grayscale")
+    max_episode_frames: int = setting(108_000, "cut episodes after this many emulator frames")
+    terminal_on_life_loss: bool = setting(False, "end the episode when a life is lost")
 
-    backend: str
-    frame_skip: int
-    sticky_actions: float
-    full_action_space: bool
-    noop_max: int
-    frame_stack: int
-    screen_size: int
-    max_episode_frames: int
-    terminal_on_life_loss: bool
-
-    @classmethod
-    def defaults(cls, **changes: Any) -> AtariSettings:
-        """The default settings, with ``changes``."""
-        from seedbed.config import TrainConfig
-
-        return dataclasses.replace(TrainConfig().atari_settings(), **changes)
+    def validate(self) -> None:
+        """Raise ConfigError on a value that cannot work."""
+        for name in ("frame_skip", "frame_stack", "screen_size", "max_episode_frames"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{flag(name)} must be positive, got {getattr(self, name)}")
+        if self.noop_max < 0:
+            raise ConfigError(f"--noop-max must be >= 0, got {self.noop_max}")
+        if not 0.0 <= self.sticky_actions <= 1.0:
+            raise ConfigError(f"--sticky-actions must lie in [0, 1], got {self.sticky_actions}")
 
     def protocol(self) -> str:
         """One line naming the evaluation protocol, for the run's summary."""
@@ -70,7 +80,8 @@ class AtariSettings:
 
 
 def is_atari(env_id: str) -> bool:
-    return env_id.startswith(PREFIX)
+    """Whether ``env_id`` names an Atari game: ``atari:GAME`` or ALE's ``ALE/GAME-v5``."""
+    return env_id.startswith((PREFIX, "ALE/"))
 
 
 @functools.cache
@@ -85,8 +96,15 @@ def games() -> tuple[str, ...]:
 
 
 def game_name(env_id: str) -> str:
-    """The game of an ``atari:GAME`` id, spelled as ALE does, or a one-line error."""
-    asked = env_id[len(PREFIX) :]
+    """The game of an ``atari:GAME`` or ``ALE/GAME-v5`` id, spelled as ALE does, or a one-line
+    error with close matches."""
+    if env_id.startswith(PREFIX):
+        asked = env_id[len(PREFIX) :]
+    else:
+        ale = _ALE_ID.fullmatch(env_id)
+        if ale is None:
+            raise ConfigError(f"{env_id}: ALE ids are ALE/GAME-v5, e.g. ALE/Pong-v5 (atari:Pong)")
+        asked = ale["game"]
     by_lower = {g.lower(): g for g in games()}
     if asked.lower() in by_lower:
         return by_lower[asked.lower()]
@@ -202,3 +220,53 @@ class EnvPoolVector:
 
     def close(self) -> None:
         self._pool.close()
+
+
+class AtariFamily(EnvFamily):
+    """``atari:GAME`` ids, and ALE's ``ALE/GAME-v5`` ids, which runs record as ``atari:GAME``."""
+
+    name = "atari"
+    prefix = PREFIX
+    settings_class = AtariSettings
+    # Atari's CNN makes the learner the busiest part: torch may use every core. A2C's layout:
+    # 16 envs and batches of all 16 unrolls of 5 steps (80 steps per update). A batch as large
+    # as the envs keeps the policy lag near 2 updates; Pong did not learn with lags of 17-34.
+    defaults = {
+        # PPO passed Pong's -15 13 minutes from the command's start; V-trace was at -18 at 20.
+        "agent": "ppo",
+        "target_return": None,
+        "total_frames": 50_000_000,
+        "actors": 2,
+        "envs_per_actor": 8,
+        "unroll": 5,
+        "batch": 16,
+        "queue_size": 16,
+        "threads": 0,
+    }
+
+    def owns(self, env_id: str) -> bool:
+        return is_atari(env_id)
+
+    def canonical_id(self, env_id: str) -> str:
+        # atari:GAME ids stay as typed (case does not matter); ALE's become atari:GAME, so that
+        # runs, defaults and the preprocessing are the same whichever spelling the user chose.
+        return env_id if env_id.startswith(PREFIX) else PREFIX + game_name(env_id)
+
+    def check(self, env_id: str) -> None:
+        game_name(env_id)
+
+    def make(self, env_id: str, settings: Any, render_mode: str | None = None) -> gym.Env:
+        return make_env(env_id, settings, render_mode)
+
+    def make_vector(self, env_id: str, num_envs: int, seed: int, settings: Any) -> Any:
+        if settings.env_backend == "envpool":
+            return EnvPoolVector(env_id, settings, num_envs, seed)
+        return super().make_vector(env_id, num_envs, seed, settings)
+
+    def spec_extra(self, env_id: str, settings: Any) -> dict[str, Any]:
+        if settings.env_backend == "envpool":
+            envpool_id(env_id)  # fail here, not in every actor
+        return {"frame_skip": settings.frame_skip, "protocol": settings.protocol()}
+
+
+FAMILY = AtariFamily()

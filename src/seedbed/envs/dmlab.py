@@ -25,6 +25,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from seedbed.envs.base import EnvFamily
 from seedbed.errors import ConfigError
 
 PREFIX = "dmlab:"
@@ -106,6 +107,7 @@ CLASSIC_LEVELS = (
 
 
 def is_dmlab(env_id: str) -> bool:
+    """Whether ``env_id`` is a ``dmlab:`` id."""
     return env_id.startswith(PREFIX)
 
 
@@ -212,3 +214,24 @@ def protocol() -> str:
 def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     """The level of a ``dmlab:`` id as a Gymnasium env."""
     return DMLabEnv(level_path(env_id), render_mode)
+
+
+class DMLabFamily(EnvFamily):
+    """``dmlab:LEVEL`` ids, in IMPALA's fixed setup (no settings)."""
+
+    name = "dmlab"
+    prefix = PREFIX
+    # IMPALA's frames are as costly as Atari's; returns have no common target.
+    defaults = {"target_return": None, "total_frames": 50_000_000, "threads": 0}
+
+    def check(self, env_id: str) -> None:
+        level_path(env_id)
+
+    def make(self, env_id: str, settings: Any, render_mode: str | None = None) -> gym.Env:
+        return make_env(env_id, render_mode)
+
+    def spec_extra(self, env_id: str, settings: Any) -> dict[str, Any]:
+        return {"frame_skip": ACTION_REPEATS, "protocol": protocol()}
+
+
+FAMILY = DMLabFamily()

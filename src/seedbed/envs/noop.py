@@ -1,0 +1,67 @@
+"""``seedbed/Noop-v0``: an environment that costs almost nothing to step.
+
+Benchmarks and tests train on it to measure what seedbed itself costs per step (transport,
+inference, unrolls), with no simulator in the way. It is registered with Gymnasium too, so
+``gym.make`` knows it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from seedbed.envs.base import EnvFamily
+from seedbed.envs.gym import GymFamily
+
+NOOP_ENV_ID = "seedbed/Noop-v0"
+
+
+class NoopEnv(gym.Env):
+    """Observations of four zeros, two actions, reward 1 per step, episodes of 100 steps."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    episode_length = 100
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        self.render_mode = render_mode
+        self._obs = np.zeros(4, np.float32)
+        self._t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict | None = None
+    ) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs, {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self._t += 1
+        return self._obs, 1.0, self._t >= self.episode_length, False, {}
+
+
+class NoopFamily(EnvFamily):
+    """The one id ``seedbed/Noop-v0``; the run defaults of classic control apply to it."""
+
+    name = "noop"
+    defaults = GymFamily.presets["classic"]
+
+    def owns(self, env_id: str) -> bool:
+        return env_id == NOOP_ENV_ID
+
+    def preset(self, env_id: str) -> str:
+        return "classic"  # agents' tables have no row of their own for it
+
+    def check(self, env_id: str) -> None:
+        pass  # owns() accepts only the one id
+
+    def make(self, env_id: str, settings: Any, render_mode: str | None = None) -> gym.Env:
+        return gym.make(NOOP_ENV_ID, render_mode=render_mode)
+
+
+if NOOP_ENV_ID not in gym.registry:
+    gym.register(NOOP_ENV_ID, entry_point=NoopEnv)
+
+FAMILY = NoopFamily()
