@@ -91,6 +91,23 @@ def test_agent_learns_and_checkpoints(name, kind, lstm, tmp_path):
 
 
 @pytest.mark.parametrize(("name", "kind"), AGENT_KINDS)
+def test_agent_names_its_optimizers_and_torso_dtype(name, kind):
+    # A replicated learner averages the gradients of the optimizers the agent names: between
+    # them they must step every parameter of its network.
+    agent = make_agent(name, SPECS[kind], resolve([{"agent": name}]).agent, "cpu")
+    stepped = {
+        id(p)
+        for optimizer in agent.optimizers()
+        for group in optimizer.param_groups
+        for p in group["params"]
+    }
+    assert stepped == {id(p) for p in agent.network.parameters()}
+    assert agent.torso_dtype in (None, torch.float32, torch.bfloat16)
+    network_dtype = getattr(agent.network, "torso_dtype", None)
+    assert agent.torso_dtype == network_dtype
+
+
+@pytest.mark.parametrize(("name", "kind"), AGENT_KINDS)
 def test_acting_outputs_are_deterministic_rows_per_env(name, kind):
     # A broadcast's quantization error compares two networks on them, so sampling and
     # exploration must stay out, even for an agent made to explore (num_envs).

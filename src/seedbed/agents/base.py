@@ -4,6 +4,7 @@ through it (``StepInput``, ``ActOutput``, ``Unrolls``) are in ``seedbed.types``.
 The call loop, in the order the runtime uses it::
 
     agent = make_agent(name, env_spec, config, device, num_envs)  # networks and optimizer
+    agent.optimizers()                                    # a replicated learner wraps each
     buffer = agent.make_buffer(unroll, queue_size, batch, seed)   # FIFO or prioritized replay
     length, overlap = agent.unroll_layout(unroll)         # how unrolls are cut
     net = agent.acting_network()                          # a copy that inference acts with
@@ -38,6 +39,14 @@ class Agent(Protocol):
     metric_names: tuple[str, ...]  # the keys learn() returns: the metrics' CSV columns
     # Submodules of ``network`` that ``act`` never reads: policy broadcasts leave them out.
     acting_skips: tuple[str, ...]
+    # The dtype ``network``'s torso computes in (the agent's ``torso_dtype`` setting, ``auto``
+    # resolved), which summary.json records; None where the network has no such setting.
+    torso_dtype: torch.dtype | None
+
+    def optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
+        """Every optimizer ``learn`` steps: a replicated learner averages their gradients over
+        the replicas (``ReplicaContext.wrap_optimizer``)."""
+        ...
 
     def unroll_layout(self, unroll: int) -> tuple[int, int]: ...
 
@@ -116,6 +125,9 @@ class ReplayLearner:
     optimizer: torch.optim.Optimizer
     config: Any
     steps: int
+
+    def optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
+        return (self.optimizer,)
 
     def loss(self, batch: Unrolls) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The loss terms on ``batch`` and each item's new priority."""

@@ -148,6 +148,7 @@ class D4PGAgent(ReplayLearner):
 
     metric_names = ("loss", "loss_critic", "loss_policy", "grad_norm", "priority")
     acting_skips = ("critic",)  # act runs the policy alone
+    torso_dtype = None  # MLPs in float32: no torso dtype setting
 
     def __init__(
         self,

@@ -116,9 +116,9 @@ class QAgent(ReplayLearner):
         self.config = config
         self.device = torch.device(device)
         lstm_size = config.lstm_size if config.lstm else None
-        dtype = torso_dtype(config.torso_dtype, self.device)
+        self.torso_dtype = torso_dtype(config.torso_dtype, self.device)
         self.network = make_actor_critic(
-            env_spec, config.hidden_sizes, lstm_size, True, config.torso, dtype
+            env_spec, config.hidden_sizes, lstm_size, True, config.torso, self.torso_dtype
         ).to(self.device)
         self.target_network = self.acting_network()
         self.optimizer = torch.optim.Adam(

@@ -155,6 +155,7 @@ class VTraceAgent:
         self.device = torch.device(device)
         self.policy = self.make_policy(env_spec)
         self.network = self.make_network(env_spec).to(self.device)
+        self.torso_dtype = self.network.torso_dtype
         params = self.network.parameters()
         if config.optimizer == "adam":
             # The fused kernel updates all parameters in one op: for small networks the
@@ -164,6 +165,9 @@ class VTraceAgent:
             self.optimizer = torch.optim.RMSprop(
                 params, lr=config.lr, alpha=config.rmsprop_alpha, eps=config.rmsprop_eps
             )
+
+    def optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
+        return (self.optimizer,)
 
     def make_policy(self, env_spec: EnvSpec) -> Policy:
         """The action distribution: a softmax over the logits."""

@@ -1,0 +1,72 @@
+"""How far a training run has come (``Progress``), and the checkpoint that keeps it with the agent.
+
+The learner loop moves the counters on, the stop rules and the summary read them, and a
+checkpoint saves them with the agent's state, the torch RNG and the resolved config; a resumed
+run's counters go on from its checkpoint's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seedbed.config import RunConfig
+from seedbed.errors import SeedbedError
+from seedbed.telemetry import EpisodeWindow
+
+# The run's messages keep the name they always had in the console ("INFO seedbed.runtime.train:").
+log = logging.getLogger("seedbed.runtime.train")
+
+
+@dataclasses.dataclass(eq=False)
+class Progress:
+    """A run's counters, over every replica and every session of the run."""
+
+    frames: int = 0  # as the inference servers count them (emulator frames for Atari)
+    learner_steps: int = 0
+    wall_offset: float = 0.0  # the wall time of the sessions before this one (resumed runs)
+    window: EpisodeWindow = dataclasses.field(default_factory=lambda: EpisodeWindow(100))
+    # The frames, wall time and mean return when the target return was first reached.
+    target_reached: dict[str, float] | None = None
+    actor_restarts: int = 0  # this session's, over all replicas; not checkpointed
+
+
+def checkpoint_payload(
+    agent: Any, progress: Progress, wall_s: float, config: RunConfig
+) -> dict[str, Any]:
+    """What a checkpoint holds, ``wall_s`` being the run's wall time so far."""
+    return {
+        "agent": agent.state_dict(),
+        "frames": progress.frames,
+        "learner_steps": progress.learner_steps,
+        "wall_s": wall_s,
+        "episodes": progress.window.state_dict(),
+        "target_reached": progress.target_reached,
+        "torch_rng": torch.get_rng_state(),
+        "config": config.to_dict(),
+    }
+
+
+def restore(path: Path, state: dict[str, Any], agent: Any, progress: Progress) -> None:
+    """Load checkpoint ``state`` (read from ``path``) into ``agent`` and ``progress``.
+
+    Raises:
+        SeedbedError: One line when the checkpoint does not fit this run's settings.
+    """
+    try:
+        agent.load_state_dict(state["agent"])
+        progress.frames = int(state["frames"])
+        progress.learner_steps = int(state["learner_steps"])
+        progress.wall_offset = float(state["wall_s"])
+        progress.window.load_state_dict(state["episodes"])
+        progress.target_reached = state.get("target_reached")
+        torch.set_rng_state(state["torch_rng"])
+    except (KeyError, RuntimeError, ValueError) as e:
+        raise SeedbedError(
+            f"checkpoint {path} does not fit this run's settings ({str(e).splitlines()[0]})"
+        ) from None
+    log.info("resumed from %s at %d frames", path, progress.frames)
