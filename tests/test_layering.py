@@ -1,0 +1,91 @@
+"""The package's imports point down the layers of docs/architecture.md, and nothing imports
+itself round in a cycle: read from the source, every import, lazy ones included."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "seedbed"
+# (importer, imported): the upward imports the architecture names, each with its reason there.
+ALLOWED_UPWARD = {("config", "transport")}
+
+
+def layers() -> dict[str, int]:
+    """Part -> layer, from the table under '## Layers' in docs/architecture.md."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    table: dict[str, int] = {}
+    for layer, parts in re.findall(r"^\| (\d+) \| (.+) \|$", section, re.M):
+        for part in re.findall(r"`([\w_]+)`", parts):
+            table[part] = int(layer)
+    return table
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The seedbed modules ``path`` imports anywhere in it, absolute or relative (``from
+    package import module`` counts as the module: a package's own submodules may import it)."""
+    module, found = module_name(path), set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names = {f"{base}.{alias.name}" for alias in node.names}
+            found |= (names & known) or {base}
+    return found & known
+
+
+def part(module: str) -> str:
+    return module.split(".")[1] if "." in module else "__init__"
+
+
+def package_modules() -> dict[str, set[str]]:
+    sources = [p for p in PACKAGE.rglob("*.py") if "proto" not in p.parts]
+    known = {module_name(p) for p in sources}
+    return {module_name(p): imports(p, known) for p in sources}
+
+
+def test_every_part_of_the_package_has_a_layer():
+    missing = {part(m) for m in package_modules()} - set(layers())
+    assert not missing, f"add these parts to the layers table in docs/architecture.md: {missing}"
+
+
+def test_imports_point_down_the_layers():
+    table, wrong = layers(), []
+    for module, imported in package_modules().items():
+        for target in imported:
+            a, b = part(module), part(target)
+            if a != b and table[b] >= table[a] and (a, b) not in ALLOWED_UPWARD:
+                wrong.append(f"{module} imports {target} (layer {table[a]} -> {table[b]})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_module_imports_itself_round_a_cycle():
+    graph = package_modules()
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            cycle = path[path.index(module) :] + [module]
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
+        if module in done:
+            return
+        for target in sorted(graph[module]):
+            if part(target) == part(module) or (part(module), part(target)) not in ALLOWED_UPWARD:
+                visit(target, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
