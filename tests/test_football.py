@@ -13,8 +13,19 @@ import sys
 import numpy as np
 import pytest
 
-from seedbed.envs import check_env_id, football, make_env, make_spec, make_vector_env
+from seedbed.cli import _settings_layers, build_parser
+from seedbed.config import to_dict
+from seedbed.envs import (
+    check_env_id,
+    football,
+    make_env,
+    make_settings,
+    make_spec,
+    make_vector_env,
+)
 from seedbed.errors import ConfigError
+from seedbed.resolve import resolve
+from seedbed.transport.remote import Assignment
 
 needs_gfootball = pytest.mark.skipif(
     not football.has_gfootball(), reason="gfootball is not installed: run `make football`"
@@ -37,7 +48,7 @@ def test_unknown_scenario_is_one_line_with_close_matches(env_id, message):
 
 
 def test_options_follow_the_scenario_in_the_id():
-    assert football.parse(SCENARIO) == football.FootballSettings(
+    assert football.parse(SCENARIO) == football.Scenario(
         "academy_empty_goal_close", "extracted", "scoring", True
     )
     vector = football.parse(
@@ -58,6 +69,44 @@ def test_options_follow_the_scenario_in_the_id():
     ]:
         with pytest.raises(ConfigError, match=message):
             check_env_id(SCENARIO + bad)
+
+
+def test_options_are_the_football_section_and_id_options_win():
+    from_section = resolve([{"env": SCENARIO, "football": {"representation": "simple115v2"}}])
+    flags = build_parser().parse_args(
+        [
+            "train",
+            "--env",
+            SCENARIO,
+            "--representation",
+            "simple115v2",
+            "--rewards",
+            "scoring,checkpoints",
+        ]
+    )
+    from_flags = resolve(_settings_layers(flags))
+    assert from_section.env_settings == football.FootballSettings(representation="simple115v2")
+    assert from_flags.env_settings.rewards == "scoring,checkpoints"
+    vector = football.parse(SCENARIO, from_flags.env_settings)
+    assert (vector.representation, vector.rewards, vector.stacked) == (
+        "simple115v2",
+        "scoring,checkpoints",
+        False,  # vectors are never stacked unless asked
+    )
+    # An option in the id wins over the section; the id keeps its meaning wherever it goes.
+    assert football.parse(SCENARIO + ":representation=smm", from_flags.env_settings).stacked
+    with pytest.raises(ConfigError, match="stacks only the smm and pixels") as error:
+        resolve([{"env": SCENARIO, "football": {"representation": "simple115", "stacked": True}}])
+    assert "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match="--rewards: invalid value 'goals'"):
+        resolve([{"env": SCENARIO, "rewards": "goals"}])
+
+
+def test_remote_actors_receive_the_football_section():
+    settings = football.FootballSettings(representation="pixels", stacked=None)
+    job = Assignment(SCENARIO, 2, 0, to_dict(settings), 0, "|u1", (12, 72, 96))
+    received = Assignment.from_message(job.to_message().assignment)
+    assert make_settings(received.env_id, received.settings) == settings
 
 
 def test_missing_gfootball_says_to_run_make_football(monkeypatch):

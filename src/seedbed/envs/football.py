@@ -2,10 +2,10 @@
 
 ``football:academy_empty_goal_close``, ``football:11_vs_11_easy_stochastic``… name any scenario
 that ships with gfootball (the ``football`` extra, built from source by ``make football``).
-Options follow the scenario as ``:KEY=VALUE`` parts, so that they travel with the id to every
-actor, local or remote, and into the run's ``config.yaml``::
-
-    football:11_vs_11_easy_stochastic:representation=simple115v2:rewards=scoring,checkpoints
+How the agent sees and is rewarded is the run's ``football`` section (``FootballSettings``: in
+YAML ``football: {representation: simple115v2}``, or the ``--representation``, ``--rewards``
+and ``--stacked`` flags), which travels to every actor, local or remote, and into the run's
+``config.yaml``:
 
 - ``representation``: ``smm`` (default; the "extracted" Super Mini Map of SEED RL: 4 planes of
   72x96 holding the left team, the right team, the ball and the active player as 0/255),
@@ -13,8 +13,13 @@ actor, local or remote, and into the run's ``config.yaml``::
   ``simple115`` (115 floats: positions, directions, ball, game mode);
 - ``rewards``: ``scoring`` (default; +1 per goal scored, -1 per goal conceded) or
   ``scoring,checkpoints`` (plus 0.1 for each of ten zones the ball is first carried into);
-- ``stacked``: ``true`` (default for the image representations: the last 4 observations, as
-  SEED RL stacks them) or ``false``. The vector representations are never stacked.
+- ``stacked``: the last 4 observations, as SEED RL stacks them (default: the image
+  representations are stacked, the vectors never).
+
+The same options may also follow the scenario in the id as ``:KEY=VALUE`` parts, which win over
+the section (ids written so before the section existed keep their meaning)::
+
+    football:11_vs_11_easy_stochastic:representation=simple115v2:rewards=scoring,checkpoints
 
 Image observations are uint8 and channels first, ``[planes x frames, 72, 96]`` (SMM stacked:
 ``[16, 72, 96]``), the layout seedbed's torsos take; the vectors are float32 ``[115]``. Actions
@@ -36,11 +41,12 @@ import importlib.util
 import io
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
 
+from seedbed.config import setting
 from seedbed.envs.base import EnvFamily
 from seedbed.errors import ConfigError
 
@@ -84,11 +90,31 @@ SMM_SIZE = (96, 72)  # (width, height), gfootball's and SEED RL's default SMM an
 NUM_ACTIONS = 19  # gfootball's default action set
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class FootballSettings:
-    """A scenario and how the agent sees and is rewarded in it, parsed from a ``football:`` id."""
+    """How the agent sees and is rewarded in a scenario: the run's ``football`` section
+    (``--representation``, ``--rewards`` and ``--stacked`` set the same fields)."""
 
-    scenario: str
+    representation: Literal["smm", "pixels", "pixels_gray", "simple115v2", "simple115"] = setting(
+        "smm", "Football observations: the Super Mini Map, the rendered game, or 115 floats"
+    )
+    rewards: Literal["scoring", "scoring,checkpoints"] = setting(
+        "scoring", "Football rewards: goals, or goals plus 0.1 per checkpoint zone reached"
+    )
+    stacked: bool | None = setting(
+        None, "Football: stack the last 4 observations (none: images yes, vectors no)"
+    )
+
+    def validate(self) -> None:
+        """Raise ConfigError on a value that cannot work."""
+        _options(self, "the football settings")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """A scenario with its options resolved: what gfootball is asked to make."""
+
+    name: str
     representation: str = "extracted"  # gfootball's name: extracted, pixels, simple115v2...
     rewards: str = "scoring"
     stacked: bool = True
@@ -98,7 +124,7 @@ class FootballSettings:
         name = {"extracted": "SMM"}.get(self.representation, self.representation)
         stack = ", 4 stacked" if self.stacked else ""
         return (
-            f"Google Research Football {self.scenario}: {name} observations{stack}, rewards "
+            f"Google Research Football {self.name}: {name} observations{stack}, rewards "
             f"{self.rewards}, {NUM_ACTIONS} actions (default set), one controlled player"
         )
 
@@ -129,8 +155,9 @@ def has_gfootball() -> bool:
     return importlib.util.find_spec("gfootball") is not None
 
 
-def parse(env_id: str) -> FootballSettings:
-    """The settings of a ``football:SCENARIO[:KEY=VALUE]...`` id, or a one-line error."""
+def parse(env_id: str, settings: FootballSettings | None = None) -> Scenario:
+    """The scenario of a ``football:SCENARIO[:KEY=VALUE]...`` id with its options (the id's
+    own, else ``settings``), or a one-line error."""
     scenario, *options = env_id[len(PREFIX) :].split(":")
     if scenario not in scenarios():
         close = difflib.get_close_matches(scenario, scenarios(), n=3, cutoff=0.6)
@@ -140,31 +167,42 @@ def parse(env_id: str) -> FootballSettings:
             else "; e.g. football:academy_empty_goal_close, football:11_vs_11_easy_stochastic"
         )
         raise ConfigError(f"unknown Football scenario '{scenario}'{hint}")
-    values: dict[str, str] = {}
+    values: dict[str, Any] = dataclasses.asdict(settings or FootballSettings())
     for option in options:
         key, sep, value = option.partition("=")
-        if not sep or key not in ("representation", "rewards", "stacked"):
+        if not sep or key not in values:
             raise ConfigError(
                 f"{env_id}: option '{option}' is not KEY=VALUE with KEY representation, "
                 "rewards or stacked, e.g. football:academy_empty_goal_close:rewards=scoring"
             )
         values[key] = value
-    representation = values.get("representation", "smm")
-    if representation not in REPRESENTATIONS:
+    if isinstance(values["stacked"], str):
+        if values["stacked"].lower() not in ("true", "false"):
+            raise ConfigError(f"{env_id}: stacked must be true or false, got '{values['stacked']}'")
+        values["stacked"] = values["stacked"].lower() == "true"
+    return Scenario(scenario, *_options(FootballSettings(**values), env_id))
+
+
+def _options(settings: FootballSettings, where: str) -> tuple[str, str, bool]:
+    """``settings`` checked, in gfootball's names (representation, rewards, stacked), or a
+    one-line error naming ``where`` they came from."""
+    if settings.representation not in REPRESENTATIONS:
         raise ConfigError(
-            f"{env_id}: representation '{representation}' is not one of "
+            f"{where}: representation '{settings.representation}' is not one of "
             f"{', '.join(REPRESENTATIONS)}"
         )
-    rewards = values.get("rewards", "scoring")
-    if rewards not in REWARDS:
-        raise ConfigError(f"{env_id}: rewards '{rewards}' is not one of {' or '.join(REWARDS)}")
-    representation = REPRESENTATIONS[representation]
-    stacked = values.get("stacked", "true" if representation in IMAGES else "false").lower()
-    if stacked not in ("true", "false"):
-        raise ConfigError(f"{env_id}: stacked must be true or false, got '{stacked}'")
-    if stacked == "true" and representation not in IMAGES:
-        raise ConfigError(f"{env_id}: gfootball stacks only the smm and pixels representations")
-    return FootballSettings(scenario, representation, rewards, stacked == "true")
+    if settings.rewards not in REWARDS:
+        raise ConfigError(
+            f"{where}: rewards '{settings.rewards}' is not one of {' or '.join(REWARDS)}"
+        )
+    representation = REPRESENTATIONS[settings.representation]
+    stacked = representation in IMAGES if settings.stacked is None else settings.stacked
+    if stacked and representation not in IMAGES:
+        raise ConfigError(
+            f"{where}: gfootball stacks only the smm and pixels representations; leave "
+            f"stacked unset (none) or false for {settings.representation}"
+        )
+    return representation, settings.rewards, stacked
 
 
 def check_installed() -> None:
@@ -173,7 +211,7 @@ def check_installed() -> None:
         raise ConfigError(f"football: environments need gfootball: {INSTALL}")
 
 
-def _create(settings: FootballSettings, seed: int) -> Any:
+def _create(settings: Scenario, seed: int) -> Any:
     """gfootball's own (old gym API) environment for ``settings``."""
     check_installed()
     from absl import logging as absl_logging
@@ -192,7 +230,7 @@ def _create(settings: FootballSettings, seed: int) -> Any:
             # 1280x720 made software (no GPU) rendering ten times faster: 6 steps/s, not 0.6.
             options.update(render_resolution_x=320, render_resolution_y=180)
         return gfootball.env.create_environment(
-            env_name=settings.scenario,
+            env_name=settings.name,
             stacked=settings.stacked,
             representation=settings.representation,
             rewards=settings.rewards,
@@ -207,7 +245,7 @@ class FootballEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}  # the engine's 10 steps/s
 
-    def __init__(self, settings: FootballSettings, render_mode: str | None = None) -> None:
+    def __init__(self, settings: Scenario, render_mode: str | None = None) -> None:
         self.settings = settings
         self.render_mode = render_mode
         self._rng = np.random.default_rng()  # engine seeds, one per episode; reset(seed) fixes it
@@ -264,16 +302,19 @@ class FootballEnv(gym.Env):
         self._env.close()
 
 
-def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
-    """The scenario of a ``football:`` id as a Gymnasium env."""
-    return FootballEnv(parse(env_id), render_mode)
+def make_env(
+    env_id: str, settings: FootballSettings | None = None, render_mode: str | None = None
+) -> gym.Env:
+    """The scenario of a ``football:`` id as a Gymnasium env, with the run's ``settings``."""
+    return FootballEnv(parse(env_id, settings), render_mode)
 
 
 class FootballFamily(EnvFamily):
-    """``football:SCENARIO[:KEY=VALUE]...`` ids; the options travel in the id itself."""
+    """``football:SCENARIO`` ids, with ``FootballSettings`` (and ``:KEY=VALUE`` id options)."""
 
     name = "football"
     prefix = PREFIX
+    settings_class = FootballSettings
     # Google Research Football on 2 CPU cores: gfootball steps ~150 frames/s per core and the
     # Football ResNet costs about as much, so 16 envs and batches of 8 unrolls of 16 steps
     # (a policy lag near 4 updates); full games have no common target return.
@@ -293,10 +334,10 @@ class FootballFamily(EnvFamily):
         parse(env_id)
 
     def make(self, env_id: str, settings: Any, render_mode: str | None = None) -> gym.Env:
-        return make_env(env_id, render_mode)
+        return make_env(env_id, settings, render_mode)
 
     def spec_extra(self, env_id: str, settings: Any) -> dict[str, Any]:
-        return {"protocol": parse(env_id).protocol()}
+        return {"protocol": parse(env_id, settings).protocol()}
 
 
 FAMILY = FootballFamily()
