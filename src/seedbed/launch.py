@@ -221,16 +221,7 @@ def launch(
         _follow(learner, result, started, placement.actors, console)
         summary = _get(result)
         ray.wait(acting, num_returns=len(acting), timeout=30.0)  # actors hear training is over
-        summary["launch"] = {
-            "actors_asked": placement.actors,
-            "actors_started": n,
-            "actors_placed": _placed(started),
-            "actor_cpus": placement.actor_cpus,
-            "learner_cpus": placement.learner_cpus,
-            "learner_gpus": placement.learner_gpus,
-            "cluster_cpus": resources.get("CPU", 0.0),
-            "cluster_gpus": resources.get("GPU", 0.0),
-        }
+        summary["launch"] = _record(placement, n, _placed(started), resources)
         ray.get(learner.add_to_summary.remote({"launch": summary["launch"]}))
         return summary
     finally:
@@ -240,6 +231,22 @@ def launch(
             ray.kill(learner)
         if started_here:
             ray.shutdown()
+
+
+def _record(
+    placement: Placement, started: int, placed: int, resources: dict[str, float]
+) -> dict[str, Any]:
+    """The summary's ``launch`` section: what was asked, what the cluster had and gave."""
+    return {
+        "actors_asked": placement.actors,
+        "actors_started": started,
+        "actors_placed": placed,
+        "actor_cpus": placement.actor_cpus,
+        "learner_cpus": placement.learner_cpus,
+        "learner_gpus": placement.learner_gpus,
+        "cluster_cpus": resources.get("CPU", 0.0),
+        "cluster_gpus": resources.get("GPU", 0.0),
+    }
 
 
 def _start_actor(cpus: float) -> Any:

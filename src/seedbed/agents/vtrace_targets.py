@@ -69,16 +69,7 @@ def vtrace_from_importance_weights(
     Raises:
         ValueError: If the inputs do not have the shapes above.
     """
-    if log_rhos.dim() != 2:
-        raise ValueError(f"log_rhos must be [T, B], got {list(log_rhos.shape)}")
-    steps, batch = log_rhos.shape
-    for name, tensor in (("discounts", discounts), ("rewards", rewards), ("values", values)):
-        _check_shape(name, tensor, (steps, batch))
-    if tuple(bootstrap_value.shape) != (batch,):
-        raise ValueError(
-            f"bootstrap_value must be [B] = [{batch}], got {list(bootstrap_value.shape)}"
-        )
-
+    _check_inputs(log_rhos, discounts, rewards, values, bootstrap_value)
     # Targets are regression labels and advantage weights: gradient must not flow through them.
     with torch.no_grad():
         rhos = torch.exp(log_rhos)
@@ -90,7 +81,7 @@ def vtrace_from_importance_weights(
         # Backward recursion: vs_t - V(x_t) = delta_t + gamma_t c_t (vs_{t+1} - V(x_{t+1})).
         vs_minus_values = torch.empty_like(deltas)
         acc = torch.zeros_like(deltas[0])
-        for t in reversed(range(steps)):
+        for t in reversed(range(len(deltas))):
             acc = deltas[t] + discounts[t] * cs[t] * acc
             vs_minus_values[t] = acc
         vs = vs_minus_values + values
@@ -99,6 +90,25 @@ def vtrace_from_importance_weights(
         pg_rhos = _clip(rhos, clip_pg_rho_threshold)
         pg_advantages = pg_rhos * (rewards + discounts * next_vs - values)
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+
+
+def _check_inputs(
+    log_rhos: torch.Tensor,
+    discounts: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+) -> None:
+    """Raise ValueError unless the step tensors are all ``[T, B]`` and the bootstrap ``[B]``."""
+    if log_rhos.dim() != 2:
+        raise ValueError(f"log_rhos must be [T, B], got {list(log_rhos.shape)}")
+    steps, batch = log_rhos.shape
+    for name, tensor in (("discounts", discounts), ("rewards", rewards), ("values", values)):
+        _check_shape(name, tensor, (steps, batch))
+    if tuple(bootstrap_value.shape) != (batch,):
+        raise ValueError(
+            f"bootstrap_value must be [B] = [{batch}], got {list(bootstrap_value.shape)}"
+        )
 
 
 def vtrace_from_logits(
