@@ -232,7 +232,8 @@ class AtariFamily(EnvFamily):
     # 16 envs and batches of all 16 unrolls of 5 steps (80 steps per update). A batch as large
     # as the envs keeps the policy lag near 2 updates; Pong did not learn with lags of 17-34.
     defaults = {
-        # PPO passed Pong's -15 13 minutes from the command's start; V-trace was at -18 at 20.
+        # PPO reached Pong's rungs sooner from the command's start than V-trace did
+        # (docs/benchmarks.md).
         "agent": "ppo",
         "target_return": None,
         "total_frames": 50_000_000,

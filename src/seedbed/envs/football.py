@@ -227,7 +227,7 @@ def _create(settings: Scenario, seed: int) -> Any:
         pixels = settings.representation.startswith("pixels")
         if pixels:
             # The frame is downscaled to 96x72 anyway; rendering 320x180 rather than gfootball's
-            # 1280x720 made software (no GPU) rendering ten times faster: 6 steps/s, not 0.6.
+            # 1280x720 makes software (no GPU) rendering an order of magnitude faster.
             options.update(render_resolution_x=320, render_resolution_y=180)
         return gfootball.env.create_environment(
             env_name=settings.name,
@@ -315,9 +315,9 @@ class FootballFamily(EnvFamily):
     name = "football"
     prefix = PREFIX
     settings_class = FootballSettings
-    # Google Research Football on 2 CPU cores: gfootball steps ~150 frames/s per core and the
-    # Football ResNet costs about as much, so 16 envs and batches of 8 unrolls of 16 steps
-    # (a policy lag near 4 updates); full games have no common target return.
+    # Google Research Football on 2 CPU cores: the engine and the Football ResNet cost about
+    # the same per frame, so 16 envs and batches of 8 unrolls of 16 steps (a policy lag near
+    # 4 updates); full games have no common target return.
     defaults = {
         "target_return": None,
         "total_frames": 5_000_000,

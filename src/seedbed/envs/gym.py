@@ -75,8 +75,8 @@ class GymFamily(EnvFamily):
 
     name = "gym"
     presets = {
-        # PPO reached CartPole's 475 in a median 8.3 s from the command's start (10 seeds),
-        # V-trace in 13-17 s (docs/benchmarks.md); it also acts in continuous spaces (Pendulum).
+        # PPO reached CartPole's 475 sooner from the command's start than V-trace did
+        # (docs/benchmarks.md), and it also acts in continuous spaces (Pendulum).
         "classic": {"agent": "ppo"},
         # Continuous control: returns have no common target.
         "mujoco": {"agent": "ppo", "target_return": None, "total_frames": 1_000_000},

@@ -85,7 +85,7 @@ class LocalPolicy:
                 raise ConnectionError("no policy was broadcast to this actor")
             time.sleep(0.01)
 
-    @torch.inference_mode()  # not no_grad: no version counters or view tracking (2-4 % faster)
+    @torch.inference_mode()  # not no_grad: no version counters or view tracking
     def act(self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray) -> dict[str, np.ndarray]:
         """Actions for this step, and everything the learner records with them."""
         self.refresh()

@@ -53,9 +53,8 @@ def thread_budget(cfg: TrainConfig) -> dict[str, int]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     # torch's thread count is per thread. Inference keeps the process's; the learner's
-    # updates leave a core to inference and the actors: on 2 cores, two learner threads
-    # shared with them spent about a third of each step waiting on each other (a step took
-    # 465 ms of CPU in a run, 300 alone; benchmarks.md).
+    # updates leave a core to inference and the actors, since learner threads that share
+    # every core with them wait on each other (docs/benchmarks.md).
     process = torch.get_num_threads()
     return {"inference": process, "learner": cfg.learner_threads or max(1, process - 1)}
 

@@ -99,11 +99,9 @@ def _flag(name: str) -> str:
 
 CONFIG_CLASS = D4PGConfig
 
-# Run settings this agent changes per family: a batch counts transitions, as DQN's does. On
-# dmc:cartpole-balance on 2 busy CPU cores, where the learner is the bottleneck, 8 envs with
-# batches of 64 at a replay ratio of 16 (4 new frames per update) passed a 100-episode mean of
-# 600 within 40,000 frames; 16 envs with batches of 128 at a ratio of 32 were at 527 after
-# 60,000, and batches of 256 learned slower per second still.
+# Run settings this agent changes per family: a batch counts transitions, as DQN's does. Where
+# the learner is the bottleneck, few envs and small batches at a high replay ratio learned
+# dmc:cartpole-balance soonest (docs/benchmarks.md).
 _RUN = {"batch": 64, "unroll": 20, "envs_per_actor": 4}
 RUN_DEFAULTS = {"classic": _RUN, "dmc": _RUN, "mujoco": _RUN}
 

@@ -84,12 +84,11 @@ CONFIG_CLASS = PPOConfig
 ACTIONS = ("discrete", "continuous")  # a softmax or a Gaussian policy, by the env's actions
 
 # V-trace's, for the same networks and preprocessing; and for Gymnasium's classic tasks, what
-# reached CartPole's 475 soonest from the command's start (docs/benchmarks.md: 2 epochs of 2
-# minibatches at 2e-3 ran at 27k frames/s and needed 130-200k frames; 4 x 4 at 5e-4 needed as
-# many but ran at 15k, the learner's Python holding the interpreter that inference needs).
+# reached CartPole's 475 soonest from the command's start: fewer, larger steps, because the
+# learner's Python holds the interpreter that inference needs (docs/benchmarks.md).
 # On Atari, CleanRL's and Sample Factory's PPO settings with Sample Factory's input and return
-# normalization (here per-pixel statistics and PopArt): without the two, Pong had not left -20
-# after 0.9 M frames; with them it passed -15 at 0.9 M frames and 0 at 1.3 M (docs/benchmarks.md).
+# normalization (here per-pixel statistics and PopArt), without which Pong barely left -20
+# (docs/benchmarks.md).
 FAMILY_DEFAULTS = {
     **VTRACE_FAMILY_DEFAULTS,
     "atari": {
@@ -102,8 +101,8 @@ FAMILY_DEFAULTS = {
         "normalize_advantages": True,  # per minibatch, as CleanRL and Sample Factory do
         "normalize_obs": True,
         "popart": True,
-        # Four epochs over every frame make the learner the bound; in bfloat16 (where the CPU
-        # or GPU has it natively) a Pong batch learns 1.7x as fast (docs/benchmarks.md).
+        # Four epochs over every frame make the learner the bound; bfloat16, where the CPU or
+        # GPU has it natively, learns a Pong batch faster (docs/benchmarks.md).
         "torso_dtype": "auto",
     },
     "classic": {"normalize_obs": True, "epochs": 2, "minibatches": 2, "lr": 2e-3},
