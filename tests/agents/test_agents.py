@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from seedbed.agents import AGENTS, action_kinds, config_class, make_agent
+from seedbed.inference.acting import ActingTable
 from seedbed.inference.unrolls import UnrollBuilder
 from seedbed.resolve import resolve
 from seedbed.runtime.checkpoint import load_checkpoint, save_checkpoint
@@ -32,15 +33,16 @@ def collect(agent, spec: EnvSpec, num_envs: int = 4, unroll: int = 6):
     the agent cuts them."""
     length, overlap = agent.unroll_layout(unroll)
     builder = UnrollBuilder(num_envs, length, overlap)
-    net, state = agent.acting_network(), agent.initial_state(num_envs)
-    ids = torch.arange(num_envs)
-    dtype = getattr(torch, spec.action_dtype)
-    prev = torch.zeros((num_envs, *spec.action_shape), dtype=dtype)
+    net, ids = agent.acting_network(), torch.arange(num_envs)
+    table = ActingTable(agent.initial_state, num_envs, spec.action_shape, spec.action_dtype)
     for t in range(length + 1):
         done = torch.rand(num_envs) < 0.2 if t else torch.ones(num_envs, dtype=torch.bool)
-        step = StepInput(torch.randn(num_envs, 5), prev, torch.randn(num_envs), done, ids)
+        obs, reward = torch.randn(num_envs, 5), torch.randn(num_envs)
+        step, state = table.inputs(ids, obs, reward, done)
         out = agent.act(net, step, state)
-        assert out.action.shape == prev.shape and out.action.dtype == dtype
+        prev = step.prev_action
+        assert out.action.shape == prev.shape
+        assert out.action.dtype == getattr(torch, spec.action_dtype)
         if spec.continuous:
             low, high = torch.tensor(spec.action_low), torch.tensor(spec.action_high)
             assert (out.action >= low).all() and (out.action <= high).all()
@@ -56,7 +58,7 @@ def collect(agent, spec: EnvSpec, num_envs: int = 4, unroll: int = 6):
             **out.extras,
         }
         unrolls = builder.append(ids, record, state, version=0)
-        state, prev = out.state, out.action
+        table.record(ids, out.action, out.state)
     assert unrolls is not None and unrolls.batch_size == num_envs
     return unrolls
 

@@ -47,7 +47,7 @@ def test_state_is_kept_per_env_and_reset_on_restart():
     transport.connect(0)
     server.step(request(transport, 0, run=1, done=(True, True), reward=(0, 0)))
     server.step(request(transport, 1, run=1))
-    assert server._state[0].abs().sum() > 0  # the LSTM state moved on
+    assert server.table.state[0].abs().sum() > 0  # the LSTM state moved on
     server.step(request(transport, 2, run=1))
     unrolls = queue.get(2, timeout=1)
     assert unrolls.steps["obs"][:, :, 0].T.tolist() == [[0, 1, 2], [0, 1, 2]]
@@ -139,4 +139,5 @@ def test_continuous_actions_are_kept_and_recorded_as_float32_vectors():
     assert action.shape == prev.shape == (3, 2, 2) and action.dtype == prev.dtype == torch.float32
     assert (prev[0] == 0).all() and torch.equal(prev[1:], action[:-1])
     assert not torch.equal(action[0].round(), action[0])  # real-valued, not cast to integers
-    assert server._prev_action.shape == (2, 2) and torch.equal(server._prev_action, action[-1])
+    kept = server.table.prev_action
+    assert kept.shape == (2, 2) and torch.equal(kept, action[-1])

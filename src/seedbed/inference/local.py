@@ -18,10 +18,11 @@ import numpy as np
 import torch
 
 from seedbed.agents import make_agent
+from seedbed.inference.acting import ActingTable
 from seedbed.quantize import decode_policy
 from seedbed.transport.base import Fields
 from seedbed.transport.board import BoardHandle
-from seedbed.types import EnvSpec, StepInput
+from seedbed.types import EnvSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +38,12 @@ class LocalActing:
 
 def acted_fields(agent: Any, env_spec: EnvSpec) -> Fields:
     """The fields an actor sends besides its step, found by acting once on a dummy input."""
-    net = agent.acting_network()
-    out = agent.act(net, _dummy_step(env_spec, agent.device), agent.initial_state(1))
+    table = ActingTable(
+        agent.initial_state, 1, env_spec.action_shape, env_spec.action_dtype, agent.device
+    )
+    obs = torch.zeros((1, *env_spec.obs_shape), dtype=getattr(torch, env_spec.obs_dtype))
+    step, state = table.inputs(None, obs, torch.zeros(1), torch.ones(1, dtype=torch.bool))
+    out = agent.act(agent.acting_network(), step, state)
     fields = [
         ("action", tuple(env_spec.action_shape), env_spec.action_dtype),
         ("version", (), "int64"),
@@ -63,11 +68,11 @@ class LocalPolicy:
         self._board = acting.board.open()
         self.net: torch.nn.Module | None = None
         self.version = -1
-        self._env_ids = torch.arange(first_env, first_env + num_envs)
-        self._state = self.agent.initial_state(num_envs)
+        self._env_ids = torch.arange(first_env, first_env + num_envs)  # the agent's ids for them
         spec = acting.env_spec
-        dtype = getattr(torch, spec.action_dtype)
-        self._prev_action = torch.zeros((num_envs, *spec.action_shape), dtype=dtype)
+        self.table = ActingTable(
+            self.agent.initial_state, num_envs, spec.action_shape, spec.action_dtype
+        )
 
     def refresh(self, wait_s: float = 60.0) -> None:
         """Take the newest broadcast, if there is one; wait for the first."""
@@ -89,16 +94,15 @@ class LocalPolicy:
     def act(self, obs: np.ndarray, reward: np.ndarray, done: np.ndarray) -> dict[str, np.ndarray]:
         """Actions for this step, and everything the learner records with them."""
         self.refresh()
-        state = self._state
-        step = StepInput(
-            obs=torch.from_numpy(obs),
-            prev_action=self._prev_action,
-            reward=torch.from_numpy(np.asarray(reward, np.float32)),
-            done=torch.from_numpy(np.asarray(done, np.bool_)),
+        step, state = self.table.inputs(
+            None,
+            torch.from_numpy(obs),
+            torch.from_numpy(np.asarray(reward, np.float32)),
+            torch.from_numpy(np.asarray(done, np.bool_)),
             env_ids=self._env_ids,
         )
         out = self.agent.act(self.net, step, state)
-        self._state, self._prev_action = out.state, out.action
+        self.table.record(None, out.action, out.state)  # takes the new tensors: `state` stays
         acted = {
             "action": out.action.numpy(),
             "version": np.full(len(self._env_ids), self.version, np.int64),
@@ -109,18 +113,6 @@ class LocalPolicy:
 
     def close(self) -> None:
         self._board.close()
-
-
-def _dummy_step(spec: EnvSpec, device: torch.device) -> StepInput:
-    return StepInput(
-        obs=torch.zeros((1, *spec.obs_shape), dtype=getattr(torch, spec.obs_dtype)).to(device),
-        prev_action=torch.zeros(
-            (1, *spec.action_shape), dtype=getattr(torch, spec.action_dtype), device=device
-        ),
-        reward=torch.zeros(1, device=device),
-        done=torch.ones(1, dtype=torch.bool, device=device),
-        env_ids=torch.zeros(1, dtype=torch.int64, device=device),
-    )
 
 
 def _numpy_dtype(value: torch.Tensor) -> str:

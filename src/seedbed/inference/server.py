@@ -2,10 +2,10 @@
 
 It runs in the learner process, on the learner's device, always with the newest parameters the
 learner published (or an int8 copy of them: ``precision``). For each environment it keeps the
-recurrent state, the previous action, the run id of the actor that owns it and the running
-episode return; it turns every step into unrolls for the learner. All of this is indexed by
-environment id, so no Python object exists per env. With local inference the actors act
-themselves and send what they acted (``Request.acted``); the server then only records.
+recurrent state and the previous action (an ``ActingTable``), the run id of the actor that owns
+it and the running episode return; it turns every step into unrolls for the learner. All of this
+is indexed by environment id, so no Python object exists per env. With local inference the
+actors act themselves and send what they acted (``Request.acted``); the server then only records.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import numpy as np
 import torch
 
 from seedbed.agents.base import Agent, copy_parameters
+from seedbed.inference.acting import ActingTable
 from seedbed.inference.unrolls import UnrollBuilder
 from seedbed.quantize import quantize_for_inference
 from seedbed.telemetry import Stopwatch
 from seedbed.transport.base import Request, ServerTransport
-from seedbed.types import Buffer, StepInput
+from seedbed.types import Buffer
 
 
 @dataclasses.dataclass
@@ -84,11 +85,9 @@ class InferenceServer:
         self.stats = InferenceStats()
         # Where this thread's time goes; "bookkeeping" is inputs, unrolls and replies.
         self.stopwatch = Stopwatch()
-        self._state = agent.initial_state(num_envs)
-        # Each env's last action in the env spec's shape and dtype (int64 scalars when discrete,
-        # float32 vectors when continuous): fed back to the agent and recorded in unrolls.
-        dtype = torch.from_numpy(np.zeros(0, action_dtype)).dtype
-        self._prev_action = torch.zeros((num_envs, *action_shape), dtype=dtype)
+        self.table = ActingTable(
+            agent.initial_state, num_envs, action_shape, action_dtype, self.device
+        )
         self._run_id = torch.full((num_envs,), -1, dtype=torch.int64)
         self._ep_return = np.zeros(num_envs, np.float64)
         self._ep_length = np.zeros(num_envs, np.int64)
@@ -133,13 +132,15 @@ class InferenceServer:
         self._count_episodes(request, restarted.numpy())
 
         obs = torch.from_numpy(request.obs)
+        prev_action = self.table.prev_action[ids]  # a copy: acting replaces the table's
         if request.acted is None:
             action, extras, state, version = self._act(ids, obs, reward, done)
         else:
-            action, extras, state, version = _acted(request.acted, len(self._state))
+            action, extras, state, version = _acted(request.acted, len(self.table.state))
+            self.table.record(ids, action)  # the actors keep their recurrent state themselves
         record = {
             "obs": obs,  # copied into the unroll buffers before the actor may overwrite it
-            "prev_action": self._prev_action[ids],
+            "prev_action": prev_action,
             "reward": reward,
             "done": done,
             "truncated": truncated,
@@ -148,7 +149,6 @@ class InferenceServer:
         }
         unrolls = self.builder.append(ids, record, state, version)
         self.transport.send(request, action.numpy())
-        self._prev_action[ids] = action
         self.stopwatch.lap("bookkeeping")
         if unrolls is not None:
             while not self.queue.put(unrolls, timeout=0.1):
@@ -160,15 +160,9 @@ class InferenceServer:
         self, ids: torch.Tensor, obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[torch.Tensor, ...], int]:
         """Central inference for these envs: their actions, the agent's extras and the state
-        they acted from (on the CPU), and the parameter version that acted."""
-        state = tuple(s[ids] for s in self._state)
-        step = StepInput(
-            obs=obs.to(self.device, non_blocking=True),
-            prev_action=self._prev_action[ids].to(self.device),
-            reward=reward.to(self.device),
-            done=done.to(self.device),
-            env_ids=ids.to(self.device),
-        )
+        they acted from (on the CPU), and the parameter version that acted. The acting table
+        keeps their actions and next state."""
+        step, state = self.table.inputs(ids, obs, reward, done)
         self.stopwatch.lap("bookkeeping")
         with self._params_lock:
             self.stopwatch.lap("waiting_for_parameters")
@@ -176,18 +170,14 @@ class InferenceServer:
             version = self.version
         action = out.action.cpu()
         self.stopwatch.lap("acting")
-        for table, rows in zip(self._state, out.state, strict=True):
-            table[ids] = rows
+        self.table.record(ids, action, out.state)
         extras = {k: v.cpu() for k, v in out.extras.items()}
         return action, extras, tuple(s.cpu() for s in state), version
 
     def _reset(self, env_ids: torch.Tensor, run_ids: torch.Tensor) -> None:
         """An actor (re)started: its envs begin anew, with no state and no partial unroll."""
         self._run_id[env_ids] = run_ids
-        initial = self.agent.initial_state(len(env_ids))
-        for table, rows in zip(self._state, initial, strict=True):
-            table[env_ids] = rows.to(table.device)
-        self._prev_action[env_ids] = 0
+        self.table.reset(env_ids)
         self.builder.reset(env_ids)
         self._ep_return[env_ids.numpy()] = 0.0
         self._ep_length[env_ids.numpy()] = 0

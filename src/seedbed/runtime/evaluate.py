@@ -15,9 +15,10 @@ import torch
 from seedbed.agents import make_agent
 from seedbed.envs import make_env, make_spec
 from seedbed.errors import SeedbedError
+from seedbed.inference.acting import ActingTable
 from seedbed.resolve import resolve
 from seedbed.runtime.checkpoint import latest_checkpoint, load_checkpoint
-from seedbed.types import EnvSpec, StepInput
+from seedbed.types import EnvSpec
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -101,22 +102,20 @@ def _video_writer(video: str, env: gym.Env) -> Any:
 def _episode(agent: Any, spec: EnvSpec, env: gym.Env, seed: int, device: str, writer: Any) -> float:
     obs, _ = env.reset(seed=seed)
     torch.manual_seed(seed)
-    state = agent.initial_state(1)
-    prev_action = torch.zeros((1, *spec.action_shape), dtype=getattr(torch, spec.action_dtype))
+    table = ActingTable(agent.initial_state, 1, spec.action_shape, spec.action_dtype, device)
     reward, done, total = 0.0, True, 0.0
     while True:
         if writer is not None:
             writer.append_data(env.render())
-        step = StepInput(
-            obs=torch.as_tensor(np.asarray(obs)[None], device=device),
-            prev_action=prev_action.to(device),
-            reward=torch.tensor([reward], dtype=torch.float32, device=device),
-            done=torch.tensor([done], device=device),
-            env_ids=torch.zeros(1, dtype=torch.int64, device=device),
+        step, state = table.inputs(
+            None,
+            torch.as_tensor(np.asarray(obs)[None]),
+            torch.tensor([reward], dtype=torch.float32),
+            torch.tensor([done]),
         )
         out = agent.act(agent.network, step, state)
-        state, prev_action = out.state, out.action.cpu()
-        action = prev_action[0].numpy()
+        table.record(None, out.action, out.state)
+        action = table.prev_action[0].numpy()  # the action just taken, on the CPU
         obs, reward, terminated, truncated, _ = env.step(action if spec.continuous else int(action))
         total += float(reward)
         done = False
