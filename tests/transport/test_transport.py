@@ -11,8 +11,9 @@ import threading
 import numpy as np
 import pytest
 
+from seedbed.config import TrainConfig
 from seedbed.errors import ConfigError
-from seedbed.transport import TRANSPORTS, backend, check_transport
+from seedbed.transport import DEFAULT, TRANSPORTS, backend, check_transport
 from seedbed.transport.base import TransportSpec
 from tests.transport.backends import Harness, each_backend
 
@@ -151,7 +152,8 @@ def test_each_registered_backend_builds_both_ends_and_a_board(no_leaks):
         assert reader.read(2) == (b"policy", 3) and reader.read(3) is None
         reader.close()
         board.close()
-    assert backend(TRANSPORTS[0]).actor_processes  # the default serves seedbed train's actors
+    assert backend(DEFAULT).actor_processes  # the default serves seedbed train's actors
+    assert next(iter(TRANSPORTS)) == DEFAULT == TrainConfig.transport
 
 
 def test_an_unknown_or_unfit_transport_is_one_line():
