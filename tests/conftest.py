@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -144,3 +149,43 @@ def assert_imports_without(modules: tuple[str, ...], heavy: tuple[str, ...]) -> 
         f"heavy = [m for m in {heavy!r} if m in sys.modules]\nassert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+#: The example plug-in package (``seedbed_toyplug``) lives here, outside seedbed.
+PLUGIN_DIR = Path(__file__).resolve().parents[1] / "examples" / "plugin"
+PLUGIN = "seedbed_toyplug"
+
+
+def forget_toyplug() -> None:
+    """Undo what importing the example plug-in registered, and forget the import, so that a
+    later import registers it again."""
+    module = sys.modules.get(PLUGIN)
+    if module is not None:
+        module.unregister()
+    for name in [m for m in sys.modules if m == PLUGIN or m.startswith(PLUGIN + ".")]:
+        del sys.modules[name]
+
+
+@contextlib.contextmanager
+def toyplug_registered() -> Iterator[ModuleType]:
+    """The example plug-in imported, so registered, for a while (``forget_toyplug`` after)."""
+    added = str(PLUGIN_DIR) not in sys.path
+    if added:
+        sys.path.insert(0, str(PLUGIN_DIR))
+    try:
+        yield importlib.import_module(PLUGIN)  # registers on import
+    finally:
+        forget_toyplug()
+        if added:
+            sys.path.remove(str(PLUGIN_DIR))
+
+
+@pytest.fixture
+def plugin_on_path(monkeypatch):
+    """The example plug-in importable here and in every process started from here; what the
+    test registers by importing it is undone after."""
+    monkeypatch.syspath_prepend(str(PLUGIN_DIR))
+    path = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PLUGIN_DIR), path])))
+    yield
+    forget_toyplug()

@@ -205,6 +205,7 @@ def test_a_registered_family_has_its_defaults_section_and_flags(toy_family):
 def test_a_family_whose_names_clash_is_refused(toy_family):
     with pytest.raises(ConfigError, match="named 'toy' is registered already"):
         register(ToyFamily())
+    register(family_for("toy:box"))  # the same family again (a module imported twice): nothing
 
     class Clashing(ToyFamily):
         name, prefix, settings_class = "clash", "clash:", AtariSettings

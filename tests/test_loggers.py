@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 
-from seedbed.config import RunConfig
+import seedbed.loggers
+from seedbed.config import RunConfig, TrainConfig
 from seedbed.errors import ConfigError, SeedbedError
 from seedbed.loggers import DEFAULT_LOGGERS, LOGGERS, RunInfo, RunLogger
 from seedbed.loggers.wandb import ID_FILE
 from seedbed.resolve import resolve
+from seedbed.runtime.rundir import sinks
 from seedbed.telemetry import read_metrics
 from tests.conftest import assert_imports_without, tiny_settings
 
@@ -114,6 +116,37 @@ def test_default_loggers():
 
 def test_package_import_is_light():
     assert_imports_without(("seedbed.loggers",), ("torch", "wandb", "matplotlib"))
+
+
+def test_a_sink_registered_by_name_is_fed_and_bad_ones_are_refused(tmp_path):
+    ListSink.made = []
+    seedbed.loggers.register("listed", ListSink)
+    try:
+        seedbed.loggers.register("listed", ListSink)  # the same again: nothing
+        with RunLogger(tmp_path, total_frames=None, progress=False, loggers=("listed",)) as log:
+            log.log({"frames": 1, "wall_s": 0.1})
+        assert ListSink.made[0].rows == [{"frames": 1, "wall_s": 0.1}]
+    finally:
+        seedbed.loggers.unregister("listed")
+    assert "listed" not in LOGGERS
+    with pytest.raises(ConfigError, match="a logger named 'csv' is registered already"):
+        seedbed.loggers.register("csv", dict)
+    with pytest.raises(ConfigError, match="is not a sink factory"):
+        seedbed.loggers.register("mine", "not callable")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="one of seedbed's own"):
+        seedbed.loggers.unregister("csv")
+    assert "mine" not in seedbed.loggers.LOGGERS
+
+
+def test_a_run_feeds_the_default_sinks_then_wandb_then_its_loggers_once_each():
+    assert sinks(TrainConfig()) == ("csv", "tensorboard", "console")
+    cfg = TrainConfig(wandb=True, loggers=("jsonl", "csv", "wandb"))
+    assert sinks(cfg) == ("csv", "tensorboard", "console", "wandb", "jsonl")
+
+
+def test_an_unknown_logger_is_refused_with_the_settings():
+    with pytest.raises(ConfigError, match="unknown logger 'jsonl'; choose from csv, "):
+        resolve([{"loggers": "jsonl"}])
 
 
 # TensorBoard

@@ -30,6 +30,8 @@ def train(config: RunConfig | TrainConfig | None = None, /, **settings: Any) -> 
     family, and are checked the same way: a bad one raises ``seedbed.errors.ConfigError`` with
     the flag's message. ``config`` (a ``RunConfig`` or ``TrainConfig``) is a layer beneath them.
     Users' envs are named ``module:EnvId-v0``; the module registers them with Gymnasium.
+    ``plugins=["my_plugins"]`` names modules that register env families, agents, transports or
+    loggers: they are imported first, here and in every actor (``seedbed.plugins``).
     """
     from seedbed.config import RunConfig, TrainConfig, to_dict
     from seedbed.resolve import resolve

@@ -21,6 +21,7 @@ import numpy as np
 
 from seedbed.envs import make_settings, make_vector_env
 from seedbed.errors import SeedbedError
+from seedbed.plugins import import_plugins
 from seedbed.transport.base import ActorTransport, Endpoint
 
 log = logging.getLogger(__name__)
@@ -57,15 +58,18 @@ def run_actor(
     num_envs: int,
     settings: Any,
     local: Any,
+    plugins: tuple[str, ...],
     seed: int,
 ) -> None:
     """Act until the learner goes away. ``endpoint.open()`` gives the transport client;
     ``settings`` are the env family's (None: its defaults); ``local`` (a ``LocalActing``) makes
-    the actor pick its own actions, None leaves it central."""
+    the actor pick its own actions, None leaves it central; ``plugins`` are imported first (they
+    register the env family or agent a spawned process would not know otherwise)."""
     # The learner decides when actors stop: a Ctrl-C, or a SIGTERM sent to the whole group,
     # reaches it too, and it stops them once its final checkpoint and summary are written.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    import_plugins(plugins)
     client = endpoint.open()
     envs = make_vector_env(env_id, num_envs, seed, settings)
     policy = None
@@ -134,6 +138,7 @@ def run_remote_actor(
         log.info("acting in slot %d: %d x %s", job.slot, job.num_envs, job.env_id)
         envs = policy = None
         try:
+            import_plugins(job.plugins)  # what the learner's run registered, before its settings
             settings = make_settings(job.env_id, job.settings)  # the learner's env settings
             envs = make_vector_env(job.env_id, job.num_envs, job.seed, settings)
             if job.local is not None:

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from seedbed import __version__
-from seedbed.config import TrainConfig, add_arguments, check_address, load_yaml
+from seedbed.config import TrainConfig, add_arguments, check_address, coerce, load_yaml
 from seedbed.errors import SeedbedError
+from seedbed.plugins import import_plugins
 from seedbed.resolve import resolve
 
 
@@ -285,8 +286,33 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _import_named_plugins(argv: list[str]) -> None:
+    """Import the plug-ins that ``--plugins`` and a ``--config`` file name, before the parser is
+    built: the agents and env families they register bring flags of their own."""
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    if command not in ("train", "launch"):
+        return  # the other commands take no settings (replicate's script has flags of its own)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    pre.add_argument("--plugins", default=None)
+    pre.add_argument("--config", default=None)
+    try:
+        known, _ = pre.parse_known_args(argv)
+    except argparse.ArgumentError:
+        return  # e.g. --plugins without a value: the full parser says so
+    named = load_yaml(known.config).get("plugins") if known.config else None
+    for value in (named, known.plugins):
+        if value is not None:
+            import_plugins(coerce("plugins", value, tuple[str, ...]))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``seedbed`` command; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        _import_named_plugins(argv)
+    except SeedbedError as e:
+        print(f"seedbed: error: {e}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "command"):

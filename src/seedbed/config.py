@@ -26,9 +26,11 @@ from seedbed.errors import ConfigError
 _NONE_WORDS = {"none", "null", "off"}
 
 
-def setting(default: Any, help: str) -> Any:  # noqa: A002 - mirrors argparse's name
-    """A dataclass field with its help text; tuples are stored as immutable defaults."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def setting(default: Any, help: str, metavar: str | None = None) -> Any:  # noqa: A002
+    """A dataclass field with its help text (``help`` mirrors argparse's name) and, where the
+    type's own would say too little, its flag's metavar; tuples are immutable defaults."""
+    metadata = {"help": help} if metavar is None else {"help": help, "metavar": metavar}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass
@@ -101,8 +103,22 @@ class TrainConfig:
     transport: str = setting(
         "shm",
         "how actor processes on this host reach the learner, a name in "
-        "seedbed.transport.TRANSPORTS (shm: shared memory); remote actors (--listen) come over "
-        "gRPC into the same server",
+        "seedbed.transport.TRANSPORTS (shm: shared memory; plug-ins add more); remote actors "
+        "(--listen) come over gRPC into the same server",
+    )
+    # Imported by every process of the run before it reads settings (seedbed.plugins).
+    plugins: tuple[str, ...] = setting(
+        (),
+        "your modules (on PYTHONPATH) that register env families, agents, transports or "
+        "loggers; the learner and every actor import them first",
+        metavar="MODULE,...",
+    )
+    # Names in seedbed.loggers.LOGGERS, checked by resolve.
+    loggers: tuple[str, ...] = setting(
+        (),
+        "metric sinks to feed beside metrics.csv, TensorBoard and the console: names in "
+        "seedbed.loggers.LOGGERS (plug-ins add more)",
+        metavar="NAME,...",
     )
     # Remote actors (seedbed actor --connect) over gRPC; see seedbed.transport.remote.
     listen: str | None = setting(
@@ -306,7 +322,7 @@ def coerce(name: str, value: Any, tp: Any) -> Any:
         if origin is tuple:
             (item_tp, _) = typing.get_args(tp)
             items = value.split(",") if isinstance(value, str) else list(value)
-            return tuple(item_tp(v) for v in items if str(v).strip())
+            return tuple(item_tp(str(v).strip()) for v in items if str(v).strip())
         if tp is bool:
             if isinstance(value, str):
                 if value.lower() in ("true", "yes", "1", "on"):
@@ -386,12 +402,12 @@ def add_arguments(group: argparse._ArgumentGroup, cls: type, seen: set[str]) -> 
         seen.add(f.name)
         default = f.default
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        helptext = f"{f.metadata.get('help', '')} (default: {shown})"
+        helptext = f.metadata.get("help", "") + (f" (default: {shown})" if shown != "" else "")
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": helptext}
         if tp is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
-            kwargs["metavar"] = _metavar(tp)
+            kwargs["metavar"] = f.metadata.get("metavar") or _metavar(tp)
         group.add_argument(f"--{flag(f.name)}", **kwargs)
 
 
@@ -402,7 +418,8 @@ def _metavar(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "{" + ",".join(map(str, typing.get_args(tp))) + "}"
     if typing.get_origin(tp) is tuple:
-        return "N,N,..."
+        item = _metavar(typing.get_args(tp)[0])
+        return f"{item},{item},..."
     return {int: "N", float: "X", str: "S"}.get(tp, "V")
 
 

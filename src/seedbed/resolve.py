@@ -15,9 +15,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from seedbed.agents import AGENTS, config_class, family_defaults, run_defaults  # no torch
-from seedbed.config import RunConfig, TrainConfig, build, unknown_message
+from seedbed.config import RunConfig, TrainConfig, build, coerce, unknown_message
 from seedbed.envs import EnvFamily, families, family_for, settings_owners
 from seedbed.errors import ConfigError
+from seedbed.loggers import check_loggers
+from seedbed.plugins import import_plugins
 
 _TRAIN_NAMES = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 
@@ -32,13 +34,16 @@ def env_family(env_id: str) -> str:
 def resolve(layers: list[dict[str, Any]]) -> RunConfig:
     """Merge setting layers (earlier ones lose) into a validated RunConfig.
 
-    The defaults of the environment's family come first (``EnvFamily.run_defaults`` for the
+    The modules the ``plugins`` setting names are imported first, so what they register is
+    known. The defaults of the environment's family come first (``EnvFamily.run_defaults`` for the
     run, the agent's ``FAMILY_DEFAULTS`` row for the agent), then the agent's own run defaults
     for that family, then the layers.
     """
     train_values: dict[str, Any] = {}
     for layer in layers:
         train_values.update({k: v for k, v in layer.items() if k in _TRAIN_NAMES})
+    if "plugins" in train_values:  # first: they may register the env's family, the agent...
+        import_plugins(coerce("plugins", train_values["plugins"], tuple[str, ...]))
     family = family_for(str(train_values.get("env", TrainConfig.env)))
     if "env" in train_values:  # ALE/Pong-v5 is recorded as atari:Pong
         train_values["env"] = family.canonical_id(str(train_values["env"]))
@@ -57,6 +62,7 @@ def resolve(layers: list[dict[str, Any]]) -> RunConfig:
         family.name,
     )
     config.validate()
+    check_loggers(config.train.loggers)
     return config
 
 

@@ -1,4 +1,7 @@
-"""The standard test every registered agent passes: act, learn a few steps, checkpoint, reload."""
+"""The standard test every registered agent passes: act, learn a few steps, checkpoint, reload.
+
+Registered agents include a plug-in's: the example plug-in (examples/plugin) is registered while
+the agents are listed and while each test runs."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from seedbed.inference.unrolls import UnrollBuilder
 from seedbed.resolve import resolve
 from seedbed.runtime.checkpoint import load_checkpoint, save_checkpoint
 from seedbed.types import EnvSpec, StepInput
+from tests.conftest import toyplug_registered
 
 DISCRETE = EnvSpec("test", (5,), "float32", 3)
 CONTINUOUS = EnvSpec(
@@ -63,8 +67,16 @@ def collect(agent, spec: EnvSpec, num_envs: int = 4, unroll: int = 6):
     return unrolls
 
 
-# Every agent, in every action space it acts in.
-AGENT_KINDS = [(name, kind) for name in AGENTS for kind in action_kinds(name)]
+# Every agent, in every action space it acts in: seedbed's and the example plug-in's.
+with toyplug_registered():
+    AGENT_KINDS = [(name, kind) for name in AGENTS for kind in action_kinds(name)]
+
+
+@pytest.fixture(autouse=True)
+def _plugin_agents():
+    """The plug-in's agent registered while each test runs, as it was when they were listed."""
+    with toyplug_registered():
+        yield
 
 
 @pytest.mark.parametrize(("name", "kind"), AGENT_KINDS)

@@ -11,9 +11,12 @@ import threading
 import numpy as np
 import pytest
 
+import seedbed.transport
+from seedbed.config import TrainConfig
 from seedbed.errors import ConfigError
-from seedbed.transport import TRANSPORTS, backend, check_transport
+from seedbed.transport import DEFAULT, TRANSPORTS, backend, check_transport
 from seedbed.transport.base import TransportSpec
+from tests.conftest import toyplug_registered
 from tests.transport.backends import Harness, each_backend
 
 CASES = [((4,), "float32"), ((3, 5, 2), "uint8"), ((6,), "int16"), ((2, 3), "float64")]
@@ -151,7 +154,8 @@ def test_each_registered_backend_builds_both_ends_and_a_board(no_leaks):
         assert reader.read(2) == (b"policy", 3) and reader.read(3) is None
         reader.close()
         board.close()
-    assert backend(TRANSPORTS[0]).actor_processes  # the default serves seedbed train's actors
+    assert backend(DEFAULT).actor_processes  # the default serves seedbed train's actors
+    assert next(iter(TRANSPORTS)) == DEFAULT == TrainConfig.transport
 
 
 def test_an_unknown_or_unfit_transport_is_one_line():
@@ -160,3 +164,18 @@ def test_an_unknown_or_unfit_transport_is_one_line():
     with pytest.raises(ConfigError, match="only threads .* use --transport shm"):
         check_transport("inprocess", actor_processes=True)
     check_transport("inprocess")  # fine where actors are threads: the test suite's
+
+
+def test_a_plugins_transport_is_registered_and_bad_ones_are_refused_in_one_line():
+    with pytest.raises(ConfigError, match="a transport named 'shm' is registered already"):
+        seedbed.transport.register("shm", "my_rl.rdma")
+    with pytest.raises(ConfigError, match="transport 'rdma': cannot import no_such_mod"):
+        seedbed.transport.register("rdma", "no_such_mod")
+    with pytest.raises(ConfigError, match="seedbed.errors defines no BACKEND"):
+        seedbed.transport.register("rdma", "seedbed.errors")
+    with pytest.raises(ConfigError, match="one of seedbed's own"):
+        seedbed.transport.unregister("shm")
+    assert "rdma" not in seedbed.transport.TRANSPORTS
+    with toyplug_registered():
+        assert seedbed.transport.backend("toyshm").about.startswith("toyshm:")
+        seedbed.transport.register("toyshm", "seedbed_toyplug.transport")  # the same: nothing

@@ -1,17 +1,84 @@
 """Agents by name. Each agent is a package with the same files: config, networks, learning.
 
 Only the config module is imported to parse settings, so that reading ``--help`` or starting an
-actor never imports torch.
+actor never imports torch. Seedbed's own agents are packages of this one; a user's agent is a
+package of the user's, added with ``register`` by a plug-in module (see ``seedbed.plugins``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Any
 
+from seedbed.config import TrainConfig
 from seedbed.errors import ConfigError
 
-AGENTS = ("vtrace", "ppo", "dqn", "r2d2", "d4pg")
+BUILTIN = ("vtrace", "ppo", "dqn", "r2d2", "d4pg")
+#: name -> the package holding its ``config`` module (``CONFIG_CLASS``, and optionally
+#: ``ACTIONS``, ``FAMILY_DEFAULTS``, ``RUN_DEFAULTS``) and its ``learning`` module
+#: (``AGENT_CLASS``). Iterating gives the names, seedbed's own first.
+AGENTS: dict[str, str] = {name: f"seedbed.agents.{name}" for name in BUILTIN}
+
+
+def register(name: str, package: str) -> None:
+    """Add agent ``name``, whose code is the package ``package`` (e.g. ``my_rl.agents.a2c``).
+
+    Its ``config`` module is imported now (it must not import torch) to check it; ``learning``
+    only when an agent is made. Registering the same package under its name again does nothing.
+
+    Raises:
+        ConfigError: One line, when the name is taken by another agent, an env family or a run
+            setting, or the package's config module is missing or lacks a ``CONFIG_CLASS``
+            dataclass whose settings have names of their own.
+    """
+    if AGENTS.get(name) == package:
+        return
+    if not name.isidentifier():
+        raise ConfigError(f"agent name {name!r} must be a Python identifier (e.g. my_ppo)")
+    if name in AGENTS:
+        raise ConfigError(f"an agent named '{name}' is registered already ({AGENTS[name]})")
+    _check_free(name, "agent name")
+    settings = _config_module(name, package).CONFIG_CLASS
+    clash = sorted(_run_names() & {f.name for f in dataclasses.fields(settings)})
+    if clash:
+        raise ConfigError(f"agent '{name}': settings {', '.join(clash)} are run settings' names")
+    AGENTS[name] = package
+
+
+def unregister(name: str) -> None:
+    """Remove the agent ``name`` that ``register`` added (tests add agents and clean up)."""
+    if name in BUILTIN:
+        raise ConfigError(f"agent '{name}' is one of seedbed's own; it cannot be unregistered")
+    AGENTS.pop(name, None)
+
+
+def _run_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def _check_free(name: str, what: str) -> None:
+    """A one-line error when ``name`` is a run setting's or an env family's (config sections)."""
+    from seedbed.envs import families
+
+    if name in _run_names():
+        raise ConfigError(f"{what} '{name}' is a run setting's name")
+    if name in {family.name for family in families()}:
+        raise ConfigError(f"{what} '{name}' is an environment family's name")
+
+
+def _config_module(name: str, package: str) -> Any:
+    """``package``'s config module, checked: it must define a ``CONFIG_CLASS`` dataclass."""
+    try:
+        module = importlib.import_module(f"{package}.config")
+    except ImportError as error:
+        raise ConfigError(
+            f"agent '{name}': cannot import {package}.config ({error}); an agent is a package "
+            "with config and learning modules, on PYTHONPATH"
+        ) from None
+    if not dataclasses.is_dataclass(getattr(module, "CONFIG_CLASS", None)):
+        raise ConfigError(f"agent '{name}': {package}.config defines no CONFIG_CLASS dataclass")
+    return module
 
 
 def check_agent(name: str) -> None:
@@ -23,7 +90,7 @@ def check_agent(name: str) -> None:
 def config_class(name: str) -> type:
     """The settings dataclass of agent ``name``."""
     check_agent(name)
-    return importlib.import_module(f"seedbed.agents.{name}.config").CONFIG_CLASS
+    return importlib.import_module(f"{AGENTS[name]}.config").CONFIG_CLASS
 
 
 def family_defaults(name: str, family: str) -> dict[str, Any]:
@@ -41,7 +108,7 @@ def action_kinds(name: str) -> tuple[str, ...]:
     """The actions agent ``name`` can act with, 'discrete' (the default) and/or 'continuous', as
     its config module's ``ACTIONS`` says."""
     check_agent(name)
-    kinds = getattr(importlib.import_module(f"seedbed.agents.{name}.config"), "ACTIONS", "discrete")
+    kinds = getattr(importlib.import_module(f"{AGENTS[name]}.config"), "ACTIONS", "discrete")
     return (kinds,) if isinstance(kinds, str) else tuple(kinds)
 
 
@@ -61,7 +128,7 @@ def check_actions(name: str, env_spec: Any) -> None:
 
 def _family_table(name: str, table: str, family: str) -> dict[str, Any]:
     check_agent(name)
-    module = importlib.import_module(f"seedbed.agents.{name}.config")
+    module = importlib.import_module(f"{AGENTS[name]}.config")
     return getattr(module, table, {}).get(family, {})
 
 
@@ -75,5 +142,5 @@ def make_agent(
     the agent's policy is not itself stochastic.
     """
     check_actions(name, env_spec)
-    module = importlib.import_module(f"seedbed.agents.{name}.learning")
+    module = importlib.import_module(f"{AGENTS[name]}.learning")
     return module.AGENT_CLASS(env_spec, config, device, num_envs)

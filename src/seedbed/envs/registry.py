@@ -2,9 +2,9 @@
 
 Adding a family is one module that defines an ``EnvFamily`` (see ``seedbed.envs.base``) and one
 line in ``BUILTIN`` below. A user's family registers itself with ``register`` from its own
-module, which must then be imported wherever the env is made (learner and actors), as a
-``module:EnvId`` module is. Families are asked in registration order; plain Gymnasium ids, which
-no other family owns, are asked last.
+module, a plug-in that the run's ``plugins`` setting names, so that it is imported wherever the
+env is made (learner and actors), as a ``module:EnvId`` module is. Families are asked in
+registration order; plain Gymnasium ids, which no other family owns, are asked last.
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ def register(family: EnvFamily) -> None:
 
     Its settings' field names become flags (``--sticky-actions``) and YAML keys beside the run's
     and the agents', so they must be new names; its name becomes a YAML section (the config
-    resolver refuses one that is an agent's name: envs know nothing of agents).
+    resolver refuses one that is an agent's name: envs know nothing of agents). Registering the
+    same family object again does nothing.
     """
+    if _FAMILIES.get(family.name) is family:
+        return
     if not family.name or not dataclasses.is_dataclass(family.settings_class):
         raise ConfigError(f"{family!r}: a family needs a name and a settings dataclass")
     if family.name in _FAMILIES or family.name == FALLBACK.name:

@@ -9,9 +9,10 @@ it checks each row and passes it to every sink it was given, by name from ``LOGG
             log.log({"frames": frames, "wall_s": wall_s, "mean_return": ..., ...})
 
 A sink (``base.Sink``) is made from the run's ``RunInfo`` and has ``write(row)`` and
-``close()``. A new one is a module here and a line in ``LOGGERS``; a program may also register
-its own sink there and name it in ``loggers``. Nothing here imports torch or wandb at import
-time: the TensorBoard and W&B sinks import them when they are made.
+``close()``. A new one is a module here and a line in ``LOGGERS``; a user's is added with
+``register`` by a plug-in module (see ``seedbed.plugins``) and named by the run setting
+``loggers`` (``--loggers NAME,...``). Nothing here imports torch or wandb at import time: the
+TensorBoard and W&B sinks import them when they are made.
 """
 
 from __future__ import annotations
@@ -33,7 +34,17 @@ if TYPE_CHECKING:
 
     from seedbed.config import RunConfig
 
-__all__ = ["DEFAULT_LOGGERS", "LOGGERS", "RunInfo", "RunLogger", "Sink", "SinkFactory"]
+__all__ = [
+    "DEFAULT_LOGGERS",
+    "LOGGERS",
+    "RunInfo",
+    "RunLogger",
+    "Sink",
+    "SinkFactory",
+    "check_loggers",
+    "register",
+    "unregister",
+]
 
 LOGGERS: dict[str, SinkFactory] = {
     "csv": CsvSink,
@@ -44,6 +55,40 @@ LOGGERS: dict[str, SinkFactory] = {
 
 #: What every run writes: metrics.csv, TensorBoard events and the console display.
 DEFAULT_LOGGERS = ("csv", "tensorboard", "console")
+_BUILTIN = tuple(LOGGERS)
+
+
+def register(name: str, factory: SinkFactory) -> None:
+    """Add sink ``name``: ``factory(run_info)`` opens one for a run (a class, usually).
+
+    Registering the same factory under its name again does nothing.
+
+    Raises:
+        ConfigError: One line, when the name is taken or the factory cannot be called.
+    """
+    if LOGGERS.get(name) is factory:
+        return
+    if not name.isidentifier():
+        raise ConfigError(f"logger name {name!r} must be a Python identifier (e.g. my_sink)")
+    if name in LOGGERS:
+        raise ConfigError(f"a logger named '{name}' is registered already")
+    if not callable(factory):
+        raise ConfigError(f"logger '{name}': {factory!r} is not a sink factory (a callable)")
+    LOGGERS[name] = factory
+
+
+def unregister(name: str) -> None:
+    """Remove the sink ``name`` that ``register`` added (tests add some and clean up)."""
+    if name in _BUILTIN:
+        raise ConfigError(f"logger '{name}' is one of seedbed's own; it cannot be unregistered")
+    LOGGERS.pop(name, None)
+
+
+def check_loggers(names: Sequence[str]) -> None:
+    """A one-line ConfigError naming the first of ``names`` not in ``LOGGERS``."""
+    unknown = [name for name in names if name not in LOGGERS]
+    if unknown:
+        raise ConfigError(f"unknown logger {unknown[0]!r}; choose from {', '.join(LOGGERS)}")
 
 
 class RunLogger:
@@ -85,9 +130,7 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.total_frames = total_frames
-        unknown = [name for name in loggers if name not in LOGGERS]
-        if unknown:
-            raise ConfigError(f"unknown logger {unknown[0]!r}; choose from {', '.join(LOGGERS)}")
+        check_loggers(loggers)
         run = RunInfo(self.run_dir, total_frames, resume_frames, progress, console, config)
         #: The open sinks by name, in the order they receive each row.
         self.sinks: dict[str, Sink] = {}

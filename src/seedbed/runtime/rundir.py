@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from seedbed.config import RunConfig
+from seedbed.config import RunConfig, TrainConfig
 from seedbed.errors import SeedbedError
 from seedbed.loggers import DEFAULT_LOGGERS, RunLogger
 from seedbed.runtime.checkpoint import latest_checkpoint, load_latest, save_checkpoint
@@ -39,6 +39,13 @@ def check_run_dir(run_dir: Path) -> None:
             f"--run-dir {run_dir} cannot be used ({e.strerror or e}{where}); choose another "
             "--run-dir, or make that one a writable directory"
         ) from None
+
+
+def sinks(cfg: TrainConfig) -> tuple[str, ...]:
+    """The metric sinks a run feeds: the defaults, W&B with ``--wandb``, then ``--loggers``
+    (each once, in that order)."""
+    wandb = ("wandb",) if cfg.wandb else ()
+    return tuple(dict.fromkeys((*DEFAULT_LOGGERS, *wandb, *cfg.loggers)))
 
 
 class RunFiles:
@@ -90,7 +97,7 @@ class RunFiles:
                 resume_frames=self._frames() if cfg.resume else None,
                 progress=cfg.progress,
                 console=console,
-                loggers=(*DEFAULT_LOGGERS, "wandb") if cfg.wandb else DEFAULT_LOGGERS,
+                loggers=sinks(cfg),
                 config=config,
             )
 

@@ -161,7 +161,7 @@ class Services:
             cfg.actors,
             transport.connect,
             run_actor,
-            (cfg.env, cfg.envs_per_actor, self.config.env_settings, acting),
+            (cfg.env, cfg.envs_per_actor, self.config.env_settings, acting, cfg.plugins),
             cfg.seed,
             ctx,
             cfg.max_actor_restarts,
@@ -236,6 +236,7 @@ class Services:
                 action_dtype=self.spec.action_dtype,
                 action_shape=tuple(self.spec.action_shape),
                 local=None if local is None else {**local, "first_env": slot * cfg.envs_per_actor},
+                plugins=cfg.plugins,
             )
 
         token, tls = self.secrets

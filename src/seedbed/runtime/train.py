@@ -38,6 +38,7 @@ from seedbed.energy import EnergyMeter
 from seedbed.envs import make_spec
 from seedbed.errors import SeedbedError
 from seedbed.inference.server import InferenceServer
+from seedbed.plugins import import_plugins
 from seedbed.replicate import ReplicaContext, Replicator, spawn
 from seedbed.runtime.learner_loop import LearnerLoop
 from seedbed.runtime.progress import Progress, checkpoint_payload, restore
@@ -256,6 +257,7 @@ def _run_replica(config: RunConfig, stop: Any) -> dict[str, Any] | None:
     # acts on them and passes them on as ``stop``, so every replica ends at the same step.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    import_plugins(config.train.plugins)  # a spawned process: their registrations are not here
     with Replicator(device="cpu" if config.train.device == "cpu" else None) as replica:
         run = TrainingRun(config, replica=replica)
 

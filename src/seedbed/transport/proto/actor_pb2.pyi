@@ -54,7 +54,7 @@ class ActorMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., step: _Optional[_Union[Step, _Mapping]] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("env_id", "num_envs", "seed", "settings_json", "slot", "obs_dtype", "obs_shape", "action_dtype", "action_shape", "local_json")
+    __slots__ = ("env_id", "num_envs", "seed", "settings_json", "slot", "obs_dtype", "obs_shape", "action_dtype", "action_shape", "local_json", "plugins")
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class Assignment(_message.Message):
     ACTION_DTYPE_FIELD_NUMBER: _ClassVar[int]
     ACTION_SHAPE_FIELD_NUMBER: _ClassVar[int]
     LOCAL_JSON_FIELD_NUMBER: _ClassVar[int]
+    PLUGINS_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     num_envs: int
     seed: int
@@ -75,7 +76,8 @@ class Assignment(_message.Message):
     action_dtype: str
     action_shape: _containers.RepeatedScalarFieldContainer[int]
     local_json: str
-    def __init__(self, env_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., seed: _Optional[int] = ..., settings_json: _Optional[str] = ..., slot: _Optional[int] = ..., obs_dtype: _Optional[str] = ..., obs_shape: _Optional[_Iterable[int]] = ..., action_dtype: _Optional[str] = ..., action_shape: _Optional[_Iterable[int]] = ..., local_json: _Optional[str] = ...) -> None: ...
+    plugins: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, env_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., seed: _Optional[int] = ..., settings_json: _Optional[str] = ..., slot: _Optional[int] = ..., obs_dtype: _Optional[str] = ..., obs_shape: _Optional[_Iterable[int]] = ..., action_dtype: _Optional[str] = ..., action_shape: _Optional[_Iterable[int]] = ..., local_json: _Optional[str] = ..., plugins: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Policy(_message.Message):
     __slots__ = ("version", "payload")

@@ -20,8 +20,9 @@ from seedbed.transport.proto import actor_pb2 as pb
 
 # Bump when actor.proto changes incompatibly. 2: actions may be float arrays (Assignment says).
 # 3: local inference (Step.acted, Assignment.local_json, Policy). 4: settings_json holds the env
-# family's settings by their flag names (Atari's backend is env_backend).
-PROTOCOL = 4
+# family's settings by their flag names (Atari's backend is env_backend). 5: Assignment.plugins,
+# the modules an actor imports first (an actor of 4 would not, and fail on a plug-in's env).
+PROTOCOL = 5
 METHOD = "/seedbed.v1.Learner/Act"
 
 
@@ -70,6 +71,8 @@ class Assignment:
     # Local inference, as plain values: "agent", "agent_config", "num_envs" (the run's),
     # "first_env" (this slot's first env id) and "acted" ([name, shape, dtype] per field).
     local: dict[str, Any] | None = None
+    # The run's plug-in modules (``--plugins``), imported before anything else is read.
+    plugins: tuple[str, ...] = ()
 
     def acted(self) -> tuple[tuple[str, tuple[int, ...], str], ...]:
         """The fields each step carries besides its arrays (none in central mode)."""
@@ -90,6 +93,7 @@ class Assignment:
                 action_dtype=self.action_dtype,
                 action_shape=self.action_shape,
                 local_json=json.dumps(self.local) if self.local is not None else "",
+                plugins=self.plugins,
             )
         )
 
@@ -106,6 +110,7 @@ class Assignment:
             action_dtype=message.action_dtype or "int64",
             action_shape=tuple(message.action_shape),
             local=json.loads(message.local_json) if message.local_json else None,
+            plugins=tuple(message.plugins),
         )
 
 
