@@ -1,4 +1,5 @@
-"""Agents by name. Each agent is a package with the same files: config, networks, learning.
+"""Agents by name. Each agent is a package with the same files: ``config`` (its settings, no
+torch) and ``learning`` (its ``AGENT_CLASS``; networks live there or beside it).
 
 Only the config module is imported to parse settings, so that reading ``--help`` or starting an
 actor never imports torch. Seedbed's own agents are packages of this one; a user's agent is a
