@@ -89,6 +89,47 @@ def test_the_clipped_surrogate_matches_a_loop_over_the_paper():
     assert 0 < stats["clip_fraction"] < 1
 
 
+def test_the_decoupled_surrogate_matches_a_loop_over_its_equation():
+    """Hilton et al. 2022, decoupled PPO: the ratio against the learner's policy at the start of
+    the batch (pi_prox), each step weighted by min(pi_prox / pi_acting, rho-bar)."""
+    agent, batch, config = agent_and_batch(
+        normalize_advantages=False, clip_against="learner", clip_pg_rho=1.5
+    )
+    for _ in range(3):  # the acting policy lags the learner's, as under central inference
+        agent.learn(batch)
+    ready = prepared(agent.network, batch)
+    targets = batch_targets(agent.network, ready, config, agent.policy)
+    terms, stats = ppo_loss(agent.network, ready, targets, config, agent.policy)
+    # Before the batch's first update the learner's policy is the anchor: nothing is clipped.
+    assert stats["clip_fraction"] == 0.0 and abs(stats["approx_kl"]) < 1e-6
+    proximal = {k: v.detach().clone() for k, v in agent.network.state_dict().items()}
+    agent.learn(batch)  # now the current policy has moved from the anchor
+    terms, stats = ppo_loss(agent.network, ready, targets, config, agent.policy)
+    s = batch.steps
+    with torch.no_grad():
+        inputs = s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state
+        logits, _, _ = agent.network(*inputs)
+        current = {k: v.clone() for k, v in agent.network.state_dict().items()}
+        agent.network.load_state_dict(proximal)
+        prox_logits, _, _ = agent.network(*inputs)
+        agent.network.load_state_dict(current)
+    T, B = s["action"].shape[0] - 1, batch.batch_size
+    surrogate, weights = 0.0, []
+    for t in range(T):
+        for b in range(B):
+            a = int(s["action"][t, b])
+            new = float(F.log_softmax(logits[t, b], -1)[a])
+            prox = float(F.log_softmax(prox_logits[t, b], -1)[a])
+            acted = float(F.log_softmax(s["logits"][t, b], -1)[a])
+            ratio, adv = math.exp(new - prox), float(targets["advantages"][t, b])
+            weight = min(math.exp(prox - acted), 1.5)
+            weights.append(weight)
+            surrogate += weight * min(ratio * adv, min(max(ratio, 0.8), 1.2) * adv)
+    assert terms["loss_policy"].detach().item() == pytest.approx(-surrogate / (T * B), rel=1e-4)
+    assert min(weights) < 1.0 and max(weights) > 1.0  # the lag weight is not all ones
+    assert 0 < stats["clip_fraction"] < 1
+
+
 def test_vtrace_advantages_on_policy_give_the_gae_returns():
     """With the acting policy the learner's, V-trace's targets are GAE(lambda)'s returns."""
     agent, batch, config = agent_and_batch(advantages="vtrace", td_lambda=0.9)

@@ -34,6 +34,12 @@ class PPOConfig(VTraceConfig):
     epochs: int = setting(4, "passes over each learner batch")
     minibatches: int = setting(4, "minibatches per epoch; each holds batch / minibatches unrolls")
     clip_ratio: float = setting(0.2, "epsilon: clip of the probability ratio in the surrogate")
+    clip_against: Literal["acting", "learner"] = setting(
+        "acting",
+        "the policy the clipped ratio is taken against: the one that acted (PPO), or the "
+        "learner's at the start of the batch, the lag from the acting one weighted in and "
+        "truncated at --clip-pg-rho (decoupled PPO, Hilton et al. 2022)",
+    )
     value_clip: float | None = setting(
         None, "clip each value update to this far from the value before the batch (none: off)"
     )

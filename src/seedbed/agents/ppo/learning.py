@@ -6,7 +6,12 @@ state). Advantages and value targets are computed once per batch, before its fir
 the network as it then is: GAE(lambda) (Schulman et al. 2016), or V-trace's, which also correct
 for the lag between the policy that acted and the learner's (``advantages=vtrace``). The ratio in
 the surrogate is taken against the policy that acted, whose parameters the unrolls carry
-(logits, or a Gaussian's mean and log-std: ``seedbed.agents.policies``).
+(logits, or a Gaussian's mean and log-std: ``seedbed.agents.policies``); or, with
+``clip_against=learner``, against the learner's policy at the start of the batch, each step
+weighted by that policy's probability over the acting one's, truncated (decoupled PPO: Hilton et
+al. 2022, "Batch size-invariance for policy optimization"). Central inference acts with
+parameters one or more batches old, so against the acting policy a ratio may be clipped before
+the batch has moved the policy at all, and its step then teaches nothing.
 """
 
 from __future__ import annotations
@@ -58,8 +63,9 @@ def batch_targets(
     net: ActorCriticNet, batch: Unrolls, config: PPOConfig, policy: Policy
 ) -> dict[str, torch.Tensor]:
     """What every minibatch of ``batch`` (its observations prepared: ``prepared``) is learned
-    against, each ``[T, B]``: advantages, value targets, the values before the update and the
-    acting policy's log-probabilities."""
+    against, each ``[T, B]``: advantages, value targets, the values before the update, the
+    log-probabilities of the policy the ratio is taken against (``anchor``) and each step's
+    weight for the lag between the acting policy and that one (1 when it is the acting one)."""
     s = batch.steps
     with torch.no_grad():
         params, values, _ = net(
@@ -73,8 +79,18 @@ def batch_targets(
             advantages = gae(rewards, discounts, values[:-1], values[-1], config.td_lambda)
             returns = advantages + values[:-1]
         values = values[:-1]
-        acted = policy.log_prob(policy.behaviour(s)[:-1], s)
-    return {"advantages": advantages, "returns": returns, "values": values, "acted": acted}
+        anchor = acted = policy.log_prob(policy.behaviour(s)[:-1], s)
+        lag_weight = torch.ones_like(acted)
+        if config.clip_against == "learner":
+            anchor = policy.log_prob(params[:-1].float(), s)
+            lag_weight = (anchor - acted).exp().clamp(max=config.clip_pg_rho)
+    return {
+        "advantages": advantages,
+        "returns": returns,
+        "values": values,
+        "anchor": anchor,
+        "lag_weight": lag_weight,
+    }
 
 
 def ppo_loss(
@@ -85,20 +101,21 @@ def ppo_loss(
     policy: Policy,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """PPO's loss on (a minibatch of) unrolls, their observations prepared (``prepared``), as
-    named terms whose sum is minimised, and its diagnostics: the approximate KL from the acting
-    policy and the fraction of clipped ratios. With PopArt, value errors are measured in units
-    of the targets' running deviation."""
+    named terms whose sum is minimised, and its diagnostics: the approximate KL from the policy
+    the ratio is taken against and the fraction of clipped ratios. With PopArt, value errors are
+    measured in units of the targets' running deviation."""
     s = batch.steps
     inputs = s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state
     params, values, _ = net(*inputs, prepared=True)
     params, values = params[:-1], values[:-1]
-    log_ratio = policy.log_prob(params, s) - targets["acted"]
+    log_ratio = policy.log_prob(params, s) - targets["anchor"]
     ratio = log_ratio.exp()
     advantages = targets["advantages"]
     if config.normalize_advantages:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     eps = config.clip_ratio
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
+    surrogate = targets["lag_weight"] * surrogate
     value_error = (values - targets["returns"]).pow(2)
     if config.value_clip is not None:
         before = targets["values"]
@@ -109,7 +126,7 @@ def ppo_loss(
         "loss_baseline": config.baseline_cost * 0.5 * (value_error / value_scale(net) ** 2).mean(),
         "loss_entropy": -config.entropy_cost * policy.entropy(params).mean(),
     }
-    with torch.no_grad():  # Schulman's low-variance estimator of KL(acting || current)
+    with torch.no_grad():  # Schulman's low-variance estimator of KL(anchor || current)
         stats = {
             "approx_kl": float(((ratio - 1) - log_ratio).mean()),
             "clip_fraction": float(((ratio - 1).abs() > eps).float().mean()),
