@@ -62,7 +62,9 @@ def test_stacks_respect_episode_starts_inside_an_unroll_and_across_the_context()
     assert (got[2, 2] == frames[2, 2]).all()  # a start: its frame K times
     # The context a new unroll gets at any step is that step's stack less its newest frame.
     for at in (0, 2, 5, steps - 1):
-        assert torch.equal(stack_context(context.flatten(1, 2), frames, starts, at), got[at, :, :-1])
+        assert torch.equal(
+            stack_context(context.flatten(1, 2), frames, starts, at), got[at, :, :-1]
+        )
     at = torch.tensor([0, 8, 2, 4, 1])  # one step per unroll (replay items)
     assert torch.equal(
         stack_context(context.flatten(1, 2), frames, starts, at), got[at, torch.arange(batch), :-1]
