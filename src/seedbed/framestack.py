@@ -72,9 +72,15 @@ def stack_context(
     """The context of step ``at`` (an int, or [B] int64, one per unroll): the older k - 1 frames
     of the stack at that step, [B, (k-1) * c, ...], as an unroll starting there stores it. The
     arguments are ``stack_frames``'s; steps after ``at`` do not matter."""
+    depth = _depth(context, frames)
+    if isinstance(at, int) and at >= depth - 1:
+        # Only the k frames up to ``at`` can be in its stack (never the context): read those,
+        # so that cutting a long unroll costs k frames, not the unroll.
+        window = slice(at - depth + 1, at + 1)
+        frames, starts, at = frames[window], starts[window], depth - 1
     batch = torch.arange(frames.shape[1], device=frames.device)
     at = torch.as_tensor(at, device=frames.device).expand(frames.shape[1])
-    sources = stack_sources(starts, _depth(context, frames))[at, batch, :-1]  # [B, k-1]
+    sources = stack_sources(starts, depth)[at, batch, :-1]  # [B, k-1]
     return _sequence(context, frames)[sources, batch[:, None]].flatten(1, 2)
 
 
