@@ -8,6 +8,8 @@ the learner's rebuilt unrolls must equal the actor-side ones, step for step.
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -23,21 +25,24 @@ from seedbed.resolve import resolve
 from seedbed.transport.base import Request
 from seedbed.transport.inprocess import InProcessServer
 
+HAS_ENVPOOL = importlib.util.find_spec("envpool") is not None
 ENVS, STEPS, RESTART = 2, 75, 47  # the actor restarts before step RESTART
 EPISODE_FRAMES = 100  # episodes end every 25 agent steps
 
 
-def settings(stack_on: str) -> AtariSettings:
-    return AtariSettings(frame_stack_on=stack_on, max_episode_frames=EPISODE_FRAMES)
+def settings(stack_on: str, backend: str = "gymnasium") -> AtariSettings:
+    return AtariSettings(
+        env_backend=backend, frame_stack_on=stack_on, max_episode_frames=EPISODE_FRAMES
+    )
 
 
-def play(stack_on: str) -> list[tuple[np.ndarray, ...]]:
+def play(stack_on: str, backend: str = "gymnasium") -> list[tuple[np.ndarray, ...]]:
     """Each step an actor sends (obs, reward, done, truncated, run id), playing fixed actions;
     before step RESTART it restarts (new envs, seed and run id) claiming no episode start, as
     only the server's run id check knows better."""
     actions = np.random.default_rng(0).integers(0, 6, (STEPS, ENVS))
     sent, run = [], 1
-    envs = make_vector_env("atari:Pong", ENVS, 3, settings(stack_on))
+    envs = make_vector_env("atari:Pong", ENVS, 3, settings(stack_on, backend))
     obs, _ = envs.reset(seed=3)
     reward, done = np.zeros(ENVS, np.float32), np.ones(ENVS, bool)
     truncated = np.zeros(ENVS, bool)
@@ -45,7 +50,7 @@ def play(stack_on: str) -> list[tuple[np.ndarray, ...]]:
         for t in range(STEPS):
             if t == RESTART:
                 envs.close()
-                envs, run = make_vector_env("atari:Pong", ENVS, 4, settings(stack_on)), 2
+                envs, run = make_vector_env("atari:Pong", ENVS, 4, settings(stack_on, backend)), 2
                 obs, _ = envs.reset(seed=4)
                 reward, done = np.zeros(ENVS, np.float32), np.zeros(ENVS, bool)
             sent.append((obs.copy(), reward, done, truncated, np.full(ENVS, run)))
@@ -76,11 +81,22 @@ def test_actors_send_one_frame_and_the_spec_still_describes_the_stack(games):
 
 
 def test_the_acting_tables_stacks_are_the_actor_side_stacks(games):
+    assert_same_network_inputs(games["actor"], games["learner"])
+
+
+@pytest.mark.skipif(not HAS_ENVPOOL, reason="EnvPool has no wheel for this platform")
+def test_the_acting_tables_stacks_are_envpools_too():
+    """EnvPool pads its stacks at reset as Gymnasium does: the first frame repeated."""
+    assert_same_network_inputs(play("actor", "envpool"), play("learner", "envpool"))
+
+
+def assert_same_network_inputs(actor: list, learner: list) -> None:
+    """What the agent acts on, from an acting table fed single frames, is the actor's stack."""
+    assert sum(int(step[2].sum()) for step in learner[1:RESTART]) >= ENVS  # episodes ended
     table = ActingTable(lambda n: (), ENVS, frame_stack=4)
     run = np.full(ENVS, -1)
-    for (stacked, *_), (frame, reward, done, _, run_id) in zip(
-        games["actor"], games["learner"], strict=True
-    ):
+    for (stacked, *_), (frame, reward, done, _, run_id) in zip(actor, learner, strict=True):
+        assert np.array_equal(stacked[:, -1:], frame)  # the same game, one frame sent
         starts = torch.from_numpy(done | (run_id != run))  # a restart starts an episode
         run = run_id
         step, _ = table.inputs(
