@@ -123,3 +123,30 @@ def test_unknown_game_names_close_matches():
         check_env_id("atari:Pongg")
     check_env_id("atari:pong")  # case does not matter
     assert make_spec("atari:breakout").num_actions == 4
+
+
+def test_stacking_on_the_learner_makes_actor_envs_send_one_frame():
+    learner = AtariSettings(frame_stack_on="learner")
+    assert learner.learner_stack == 4 and learner.actor_side().frame_stack == 1
+    assert AtariSettings().learner_stack == 1 and AtariSettings().actor_side() == AtariSettings()
+    one = AtariSettings(frame_stack_on="learner", frame_stack=1)
+    assert one.learner_stack == 1  # nothing to stack: the same as on the actors
+    envs = make_vector_env("atari:Pong", 2, 0, learner)
+    try:
+        assert envs.reset(seed=0)[0].shape == (2, 1, 84, 84)
+    finally:
+        envs.close()
+    env = make_env("atari:Pong", learner)  # one env (evaluation, video) stacks its own frames
+    try:
+        assert env.reset(seed=0)[0].shape == (4, 84, 84)
+    finally:
+        env.close()
+
+
+def test_stacking_on_the_learner_needs_central_inference():
+    from seedbed.resolve import resolve
+
+    layers = [{"env": "atari:Pong", "frame_stack_on": "learner"}]
+    assert resolve(layers).env_settings.learner_stack == 4
+    with pytest.raises(ConfigError, match="use --frame-stack-on actor with --inference local"):
+        resolve([*layers, {"inference": "local"}])

@@ -65,6 +65,11 @@ def test_help_lists_every_setting_with_its_default():
         (["--env", "CartPol-v1"], "unknown environment 'CartPol-v1'; did you mean CartPole-v1"),
         (["--env", "atari:Pongg"], "unknown Atari game 'Pongg'; did you mean atari:Pong"),
         (["--env", "atari:Pong", "--sticky-actions", "2"], "--sticky-actions must lie in [0, 1]"),
+        (
+            ["--env", "atari:Pong", "--frame-stack-on", "learner", "--inference", "local"],
+            "--frame-stack-on learner needs central inference",
+        ),
+        (["--env", "atari:Pong", "--frame-stack-on", "gpu"], "invalid value 'gpu'"),
         (["--torso", "impala"], "--torso impala needs image observations"),
         (["--actors", "0"], "--actors must be positive"),
         (["--batch", "-1"], "--batch must be positive"),

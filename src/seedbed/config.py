@@ -445,4 +445,6 @@ class RunConfig:
         self.agent.validate()
         if hasattr(self.env_settings, "validate"):
             self.env_settings.validate()
+        if hasattr(self.env_settings, "check_run"):  # what the env family needs of the run
+            self.env_settings.check_run(self.train)
         self.agent.check_run(self.train)  # what the agent needs of the run's layout

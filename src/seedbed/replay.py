@@ -7,6 +7,10 @@ the inference thread puts, the learner thread gets and hands each batch back aft
 actors wait while it is full. ``PrioritizedReplay`` keeps unrolls in a ring of rows, splits each
 row into fixed-length windows ("items"), draws items in proportion to priority ** alpha through a
 ``SumTree``, and keeps sampling and inserting near a fixed ratio by making one side wait.
+
+Unrolls whose frames are stored once (``Unrolls.obs_context``: the learner stacks frames) stay
+so in both: a row keeps its frames and its context, and an item that starts mid-row gets the
+context of its first step (``framestack.stack_context``); the learner loop rebuilds the stacks.
 """
 
 from __future__ import annotations
@@ -17,7 +21,14 @@ import threading
 import numpy as np
 import torch
 
+from seedbed.framestack import stack_context
 from seedbed.types import ReplayInfo, Unrolls
+
+
+def _cat_contexts(parts: list[Unrolls]) -> torch.Tensor | None:
+    if parts[0].obs_context is None:
+        return None
+    return torch.cat([p.obs_context for p in parts])
 
 
 def concat_unrolls(parts: list[Unrolls]) -> Unrolls:
@@ -28,20 +39,24 @@ def concat_unrolls(parts: list[Unrolls]) -> Unrolls:
         {key: torch.cat([p.steps[key] for p in parts], dim=1) for key in parts[0].steps},
         tuple(torch.cat(s, dim=0) for s in zip(*(p.initial_state for p in parts), strict=True)),
         torch.cat([p.policy_version for p in parts]),
+        obs_context=_cat_contexts(parts),
     )
 
 
 def split_unrolls(unrolls: Unrolls, n: int) -> tuple[Unrolls, Unrolls]:
     """The first ``n`` unrolls of a batch, and the rest."""
+    context = unrolls.obs_context
     head = Unrolls(
         {k: v[:, :n] for k, v in unrolls.steps.items()},
         tuple(s[:n] for s in unrolls.initial_state),
         unrolls.policy_version[:n],
+        obs_context=None if context is None else context[:n],
     )
     tail = Unrolls(
         {k: v[:, n:] for k, v in unrolls.steps.items()},
         tuple(s[n:] for s in unrolls.initial_state),
         unrolls.policy_version[n:],
+        obs_context=None if context is None else context[n:],
     )
     return head, tail
 
@@ -243,6 +258,7 @@ class PrioritizedReplay:
         self._generation = np.zeros(rows, dtype=np.int64)
         self._steps: dict[str, torch.Tensor] | None = None  # [rows, S, ...], on the first put
         self._states: tuple[torch.Tensor, ...] = ()  # [rows, ...]
+        self._contexts: torch.Tensor | None = None  # [rows, ...]: Unrolls.obs_context, if any
         self._versions = torch.zeros(rows, dtype=torch.int64)
         self._next = 0  # the row the next unroll overwrites
         self._filled = 0  # rows written so far, up to rows
@@ -263,22 +279,17 @@ class PrioritizedReplay:
         """Store a batch of unrolls as rows; False if the rate limiter timed out or closed."""
         steps = {k: v.detach().cpu() for k, v in unrolls.steps.items()}
         states = tuple(s.detach().cpu() for s in unrolls.initial_state)
+        context = None if unrolls.obs_context is None else unrolls.obs_context.detach().cpu()
         versions = unrolls.policy_version.detach().to("cpu", torch.int64)
         with self._cond:
-            self._check_layout(steps, states)
+            self._check_layout(steps, states, context)
             if not self._cond.wait_for(lambda: self._closed or not self._put_waits(), timeout):
                 return False
             if self._closed:
                 return False
             if self._steps is None:
-                self._steps = {
-                    k: torch.empty((self._rows, v.shape[0], *v.shape[2:]), dtype=v.dtype)
-                    for k, v in steps.items()
-                }
-                self._states = tuple(
-                    torch.empty((self._rows, *s.shape[1:]), dtype=s.dtype) for s in states
-                )
-            self._write(steps, states, versions, unrolls.batch_size)
+                self._allocate(steps, states, context)
+            self._write(steps, states, context, versions, unrolls.batch_size)
             self._cond.notify_all()
             return True
 
@@ -337,8 +348,26 @@ class PrioritizedReplay:
             self._ratio is not None and len(self) >= self._min_fill and self._owed() > self._slack
         )
 
+    def _allocate(
+        self,
+        steps: dict[str, torch.Tensor],
+        states: tuple[torch.Tensor, ...],
+        context: torch.Tensor | None,
+    ) -> None:
+        """The ring's storage, shaped by the first put."""
+        self._steps = {
+            k: torch.empty((self._rows, v.shape[0], *v.shape[2:]), dtype=v.dtype)
+            for k, v in steps.items()
+        }
+        self._states = tuple(torch.empty((self._rows, *s.shape[1:]), dtype=s.dtype) for s in states)
+        if context is not None:
+            self._contexts = torch.empty((self._rows, *context.shape[1:]), dtype=context.dtype)
+
     def _check_layout(
-        self, steps: dict[str, torch.Tensor], states: tuple[torch.Tensor, ...]
+        self,
+        steps: dict[str, torch.Tensor],
+        states: tuple[torch.Tensor, ...],
+        context: torch.Tensor | None,
     ) -> None:
         length = steps["action"].shape[0]
         if self._positions - 1 + self._window > length:
@@ -354,13 +383,15 @@ class PrioritizedReplay:
         if self._steps is not None:
             expected = {k: tuple(v.shape[1:]) for k, v in self._steps.items()}
             got = {k: (v.shape[0], *v.shape[2:]) for k, v in steps.items()}
-            if got != expected or len(states) != len(self._states):
+            contexts_differ = (context is None) != (self._contexts is None)
+            if got != expected or len(states) != len(self._states) or contexts_differ:
                 raise ValueError(f"unroll layout changed: {got} after {expected}")
 
     def _write(
         self,
         steps: dict[str, torch.Tensor],
         states: tuple[torch.Tensor, ...],
+        context: torch.Tensor | None,
         versions: torch.Tensor,
         count: int,
     ) -> None:
@@ -372,6 +403,8 @@ class PrioritizedReplay:
             buf[kept] = steps[key][:, skip:].transpose(0, 1)
         for buf, state in zip(self._states, states, strict=True):
             buf[kept] = state[skip:]
+        if context is not None:
+            self._contexts[kept] = context[skip:]
         self._versions[kept] = versions[skip:]
         items = (rows[skip:, None] * self._positions + np.arange(self._positions)).ravel()
         self._tree.update(items, np.full(items.size, self._max_priority**self._alpha))
@@ -393,4 +426,19 @@ class PrioritizedReplay:
             torch.from_numpy((weights / weights.max()).astype(np.float32)),
             torch.from_numpy(self._generation[rows_np]),
         )
-        return Unrolls(steps, tuple(s[rows] for s in self._states), self._versions[rows], replay)
+        states = tuple(s[rows] for s in self._states)
+        context = self._context_at(rows, starts)
+        return Unrolls(steps, states, self._versions[rows], replay, context)
+
+    def _context_at(self, rows: torch.Tensor, starts: torch.Tensor) -> torch.Tensor | None:
+        """The obs context of items starting at step ``starts`` of ``rows``: the row's own at
+        step 0, else the stack at the item's first step, from the row's frames before it."""
+        if self._contexts is None:
+            return None
+        context = self._contexts[rows]
+        if self._positions == 1:
+            return context
+        span = int(starts.max()) + 1  # the steps that can reach into the items' first stacks
+        frames = self._steps["obs"][rows, :span].transpose(0, 1)
+        episode_starts = self._steps["done"][rows, :span].transpose(0, 1)
+        return stack_context(context, frames, episode_starts, starts)

@@ -39,6 +39,26 @@ class EnvSpec:
     action_dtype: str = "int64"  # numpy dtype name: int64 (discrete) or float32 (continuous)
     action_low: tuple[float, ...] = ()  # continuous actions' bounds, flattened; () if discrete
     action_high: tuple[float, ...] = ()
+    # Frames the learner stacks into obs_shape's first axis: actors then send one frame
+    # (sent_obs_shape) and central inference keeps each env's stack (Atari's --frame-stack-on).
+    learner_stack: int = 1
+
+    def __post_init__(self) -> None:
+        if self.learner_stack < 1 or (
+            self.learner_stack > 1
+            and (not self.obs_shape or self.obs_shape[0] % self.learner_stack)
+        ):
+            raise ValueError(
+                f"learner_stack {self.learner_stack} does not divide obs_shape {self.obs_shape}"
+            )
+
+    @property
+    def sent_obs_shape(self) -> tuple[int, ...]:
+        """One env's observation as actors send it: ``obs_shape`` less the stack the learner
+        builds (``learner_stack`` frames), so [1, 84, 84] for Atari stacked on the learner."""
+        if self.learner_stack == 1:
+            return tuple(self.obs_shape)
+        return (self.obs_shape[0] // self.learner_stack, *self.obs_shape[1:])
 
     @property
     def obs_numpy_dtype(self) -> np.dtype:
@@ -105,6 +125,11 @@ class Unrolls:
 
     Consecutive unrolls of one environment share a step: the last step of one is the first of the
     next, so every transition is learned from once and the final value can bootstrap.
+
+    Where the learner stacks frames (``EnvSpec.learner_stack`` k > 1), ``obs`` holds each step's
+    newest frame only, ``[T+1, B, *sent_obs_shape]``, and ``obs_context`` the k - 1 older frames
+    of the stack at step 0, oldest first; ``seedbed.framestack.restack`` rebuilds the stacks
+    (respecting episode starts, ``done``) before the agent learns, so each frame is stored once.
     """
 
     # obs, prev_action, reward, done, truncated, action and the agent's extras: [T+1, B, ...]
@@ -112,6 +137,8 @@ class Unrolls:
     initial_state: State  # recurrent state before step 0, each [B, ...]
     policy_version: torch.Tensor  # [B] int64, learner version that acted each unroll's first step
     replay: ReplayInfo | None = None  # set on batches sampled from prioritized replay
+    # [B, (k-1) * frame channels, ...]: the older frames of step 0's stack; None: obs are stacks
+    obs_context: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -123,6 +150,7 @@ class Unrolls:
             tuple(s.to(device, non_blocking=True) for s in self.initial_state),
             self.policy_version,
             self.replay,
+            None if self.obs_context is None else self.obs_context.to(device, non_blocking=True),
         )
 
 

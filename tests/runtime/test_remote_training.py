@@ -75,6 +75,20 @@ def test_two_remote_actors_train_cartpole(tmp_path, no_leaks, inference):
         assert code == 0 and "training is over" in out, err[-2000:]
 
 
+def test_a_remote_atari_actor_sends_single_frames_the_learner_stacks(tmp_path, no_leaks):
+    run = tmp_path / "run"
+    flags = ("--env", "atari:Pong", "--frame-stack-on", "learner", "--total-frames", "2000")
+    small = ("--envs-per-actor", "2", "--batch", "2", "--minibatches", "2", "--threads", "1")
+    lr, address = learner(run, *flags, *small, "--max-episode-frames", "400")
+    actors = [start("actor", "--connect", address) for _ in range(2)]
+    code, out, err = finish(lr)
+    assert code == 0, err[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["frames"] >= 2000 and summary["learner_steps"] > 0
+    for actor in actors:
+        assert finish(actor, 30)[0] == 0
+
+
 def test_a_killed_actor_is_replaced_and_training_goes_on(tmp_path, no_leaks):
     run = tmp_path / "run"
     lr, address = learner(run, "--target-return", "none", "--total-frames", "120000")

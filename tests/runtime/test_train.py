@@ -408,3 +408,36 @@ def test_short_atari_run_counts_emulator_frames(tmp_path, no_leaks):
     result = evaluate(run, episodes=1, video=str(tmp_path / "pong.mp4"))
     assert result["env"] == "atari:Pong" and -21 <= result["mean_return"] <= 21
     assert (tmp_path / "pong.mp4").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    ("agent", "overrides"),
+    [
+        ("ppo", {"minibatches": 2}),
+        ("dqn", {"unroll": 8, "min_replay": 64, "replay_capacity": 1000, "replay_ratio": None}),
+    ],
+)
+def test_atari_run_with_stacks_kept_by_the_learner(tmp_path, no_leaks, agent, overrides):
+    """Actors send one frame a step; the learner stacks them to act, store and learn."""
+    settings = tiny_settings(
+        tmp_path / "run",
+        env="atari:Pong",
+        agent=agent,
+        frame_stack_on="learner",
+        envs_per_actor=2,
+        batch=2,
+        inference_batch=4,
+        total_frames=3000,
+        threads=1,
+        max_episode_frames=400,  # episodes end inside the run, and the evaluation is short
+        **overrides,
+    )
+    config = resolve([settings])
+    assert config.env_settings.frame_stack_on == "learner"
+    summary = train(config)
+    assert summary["frames"] >= 3000 and summary["learner_steps"] > 0
+    assert summary["episodes"] > 0
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert "frame_stack_on: learner" in saved
+    result = evaluate(tmp_path / "run", episodes=1)  # its env stacks its own frames
+    assert -21 <= result["mean_return"] <= 21

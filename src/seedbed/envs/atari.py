@@ -10,6 +10,12 @@ of Machado et al. (2018): repeat the previous action with probability 0.25 on ev
 frame, no no-op starts (sticky actions already make starts random), life loss is not terminal,
 episodes end by game over or after 108,000 emulator frames (30 minutes of play). Actions are
 the game's minimal set, as in ALE's v5 environments and SEED RL (``--full-action-space``: 18).
+
+Frames are stacked by the actors' envs (``--frame-stack-on actor``, the default) or by the
+learner (``learner``): actors then send one 84x84 frame per step instead of four, central
+inference keeps each env's stack, and unrolls and replay store each frame once. The env spec
+still describes what the network sees (``EnvSpec.learner_stack`` says who stacks), and a single
+env (``make_env``: evaluation, video, the spec) always stacks its own frames.
 """
 
 from __future__ import annotations
@@ -47,6 +53,11 @@ class AtariSettings:
     full_action_space: bool = setting(False, "all 18 actions instead of the game's minimal set")
     noop_max: int = setting(0, "start episodes with up to this many no-ops (0: none)")
     frame_stack: int = setting(4, "frames stacked into one observation")
+    frame_stack_on: Literal["actor", "learner"] = setting(
+        "actor",
+        "who stacks the frames: the actors' envs, or the learner (actors send 1 frame, not "
+        "--frame-stack; needs central inference)",
+    )
     screen_size: int = setting(84, "observations are screen-size x screen-size grayscale")
     max_episode_frames: int = setting(108_000, "cut episodes after this many emulator frames")
     terminal_on_life_loss: bool = setting(False, "end the episode when a life is lost")
@@ -60,6 +71,26 @@ class AtariSettings:
             raise ConfigError(f"--noop-max must be >= 0, got {self.noop_max}")
         if not 0.0 <= self.sticky_actions <= 1.0:
             raise ConfigError(f"--sticky-actions must lie in [0, 1], got {self.sticky_actions}")
+
+    def check_run(self, train: Any) -> None:
+        """Raise ConfigError where the run's settings (``TrainConfig``) cannot work with these."""
+        if self.frame_stack_on == "learner" and train.inference == "local":
+            raise ConfigError(
+                "--frame-stack-on learner needs central inference: local actors act themselves "
+                "and need the stack; use --frame-stack-on actor with --inference local"
+            )
+
+    @property
+    def learner_stack(self) -> int:
+        """Frames the learner stacks (``EnvSpec.learner_stack``): 1 when the actors do."""
+        return self.frame_stack if self.frame_stack_on == "learner" else 1
+
+    def actor_side(self) -> AtariSettings:
+        """These settings as an actor's envs apply them: one frame per step where the learner
+        stacks them."""
+        if self.frame_stack_on == "actor":
+            return self
+        return dataclasses.replace(self, frame_stack=1)
 
     def protocol(self) -> str:
         """One line naming the evaluation protocol, for the run's summary."""
@@ -260,6 +291,7 @@ class AtariFamily(EnvFamily):
         return make_env(env_id, settings, render_mode)
 
     def make_vector(self, env_id: str, num_envs: int, seed: int, settings: Any) -> Any:
+        settings = settings.actor_side()  # actors' envs: what actors send
         if settings.env_backend == "envpool":
             return EnvPoolVector(env_id, settings, num_envs, seed)
         return super().make_vector(env_id, num_envs, seed, settings)
@@ -267,7 +299,11 @@ class AtariFamily(EnvFamily):
     def spec_extra(self, env_id: str, settings: Any) -> dict[str, Any]:
         if settings.env_backend == "envpool":
             envpool_id(env_id)  # fail here, not in every actor
-        return {"frame_skip": settings.frame_skip, "protocol": settings.protocol()}
+        return {
+            "frame_skip": settings.frame_skip,
+            "protocol": settings.protocol(),
+            "learner_stack": settings.learner_stack,
+        }
 
 
 FAMILY = AtariFamily()

@@ -23,6 +23,11 @@ from (to record it with the step) until the next ``reset``.
 An episode start needs nothing here: ``done`` is in the step, and the agent's network resets its
 state and ignores the previous action and reward there (``nets.LSTMCore``). ``reset`` is for envs
 whose past is gone: an actor that restarted, a new evaluation episode.
+
+With ``frame_stack`` k > 1 (``EnvSpec.learner_stack``: actors send one frame per step), the table
+also keeps each env's last k frames (``FrameStacks``), and ``inputs`` hands the agent the stacks:
+``obs`` is then each env's newest frame, and a step with ``done`` starts its stack afresh, so a
+restarted env needs ``done`` on its next step (central inference forces it).
 """
 
 from __future__ import annotations
@@ -37,6 +42,45 @@ from seedbed.types import State, StepInput
 _CPU = torch.device("cpu")
 
 
+class FrameStacks:
+    """Each env's last ``depth`` frames, on the acting device, as the actor-side wrappers would
+    have stacked them (``seedbed.framestack`` says how; its tests hold the two to the wrappers).
+
+    A ring per env, made once (at the first push, which gives the frame's shape): a step writes
+    each env's newest frame over its oldest, one indexed write for the batch, then reads the
+    stacks out oldest first into a buffer made once. A frame that starts an episode is not
+    copied k times: the env's count of frames in its episode (``_age``) clamps the read to it,
+    which gives the wrappers' reset padding (the first frame repeated).
+    """
+
+    def __init__(self, depth: int, num_slots: int, device: torch.device) -> None:
+        self.depth, self.num_slots, self.device = depth, num_slots, device
+        self._frames: torch.Tensor | None = None  # [num_slots * depth, *frame]: slot-major rings
+        self._out: torch.Tensor | None = None  # [num_slots * depth, *frame]: the stacks read out
+        self._pos = torch.zeros(num_slots, dtype=torch.int64, device=device)  # newest frame's
+        self._age = torch.zeros(num_slots, dtype=torch.int64, device=device)  # 1 .. depth
+        self._back = torch.arange(depth - 1, -1, -1, device=device)  # stack slot -> steps back
+
+    def push(self, slots: torch.Tensor, frames: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """Add ``frames`` [k, c, ...] of ``slots`` [k] (``starts`` [k] bool: they begin an
+        episode), all on ``device``; return their stacks [k, depth * c, ...], a view of a buffer
+        that the next push overwrites."""
+        if self._frames is None:
+            shape = (self.num_slots * self.depth, *frames.shape[1:])
+            self._frames = torch.zeros(shape, dtype=frames.dtype, device=self.device)
+            self._out = torch.empty_like(self._frames)
+        depth = self.depth
+        pos = (self._pos[slots] + 1) % depth
+        age = torch.where(starts, 1, (self._age[slots] + 1).clamp(max=depth))
+        self._pos[slots], self._age[slots] = pos, age
+        self._frames[slots * depth + pos] = frames
+        back = torch.minimum(self._back, age[:, None] - 1)  # [k, depth]: not past the start
+        rows = (slots[:, None] * depth + (pos[:, None] - back) % depth).flatten()
+        out = self._out[: rows.numel()]
+        torch.index_select(self._frames, 0, rows, out=out)
+        return out.view(len(slots), -1, *frames.shape[2:])
+
+
 class ActingTable:
     """Each env's recurrent state (on ``device``) and previous action (on the CPU, where steps
     are recorded), for ``num_slots`` envs.
@@ -48,6 +92,7 @@ class ActingTable:
         action_shape: one env's action, as ``EnvSpec.action_shape`` gives it.
         action_dtype: its numpy dtype name, as ``EnvSpec.action_dtype`` gives it.
         device: where the agent acts: the state lives there, and ``inputs`` moves the step there.
+        frame_stack: frames the table stacks into each observation (1: obs are whole already).
     """
 
     def __init__(
@@ -57,8 +102,10 @@ class ActingTable:
         action_shape: tuple[int, ...] = (),
         action_dtype: str = "int64",
         device: torch.device | str = _CPU,
+        frame_stack: int = 1,
     ) -> None:
         self.device = torch.device(device)
+        self.stacks = FrameStacks(frame_stack, num_slots, self.device) if frame_stack > 1 else None
         self.state: State = tuple(s.to(self.device) for s in initial_state(num_slots))
         self._initial = tuple(s.to(self.device) for s in initial_state(1))
         dtype = torch.from_numpy(np.zeros(0, action_dtype)).dtype
@@ -88,7 +135,8 @@ class ActingTable:
 
         Args:
             slots: [k] int64 slots on the CPU, or None for all of them.
-            obs: [k, *obs_shape] in the env's dtype.
+            obs: [k, *obs_shape] in the env's dtype; with ``frame_stack``, one frame per env
+                ([k, *sent_obs_shape]), and the step holds the stacks, valid until the next call.
             reward: [k] float32, the reward that came with ``obs``.
             done: [k] bool, where ``obs`` starts an episode.
             env_ids: [k] int64, the ids the agent knows the envs by (its per-env exploration);
@@ -100,11 +148,14 @@ class ActingTable:
             here = slots.to(self.device)
             prev_action = self.prev_action[slots]
             state = tuple(table[here] for table in self.state)
+        obs, done = obs.to(self.device, non_blocking=True), done.to(self.device)
+        if self.stacks is not None:
+            obs = self.stacks.push(here, obs, done)
         step = StepInput(
-            obs=obs.to(self.device, non_blocking=True),
+            obs=obs,
             prev_action=prev_action.to(self.device),
             reward=reward.to(self.device),
-            done=done.to(self.device),
+            done=done,
             env_ids=here if env_ids is None else env_ids.to(self.device),
         )
         return step, state

@@ -6,6 +6,11 @@ recurrent state and the previous action (an ``ActingTable``), the run id of the 
 it and the running episode return; it turns every step into unrolls for the learner. All of this
 is indexed by environment id, so no Python object exists per env. With local inference the
 actors act themselves and send what they acted (``Request.acted``); the server then only records.
+
+With ``frame_stack`` k > 1 (``EnvSpec.learner_stack``) actors send one frame per env and step:
+the acting table keeps each env's stack on the acting device and the agent acts on the stacks,
+while unrolls keep the frames once (``seedbed.framestack``). A restarted actor's envs start over
+as at an episode start, since the server forces ``done`` for them.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ class InferenceServer:
     """Serve actions for requests from ``transport`` and feed full unrolls into ``queue``.
 
     ``action_shape`` and ``action_dtype`` are one env's action as the env spec gives them (the
-    defaults: a discrete action, one int64).
+    defaults: a discrete action, one int64); ``frame_stack`` is its ``learner_stack``.
     """
 
     def __init__(
@@ -70,6 +75,7 @@ class InferenceServer:
         action_shape: tuple[int, ...] = (),
         action_dtype: str = "int64",
         precision: str = "fp32",
+        frame_stack: int = 1,
     ) -> None:
         self.agent = agent
         self.precision = precision  # what central inference acts in (seedbed.quantize)
@@ -79,14 +85,15 @@ class InferenceServer:
         self.max_batch = min(max_batch, num_envs)
         self.timeout_s = timeout_s
         self.device = torch.device(device)
-        self.builder = UnrollBuilder(num_envs, *unroll_layout)  # steps, steps shared
+        # unroll_layout: steps per unroll, steps consecutive unrolls share
+        self.builder = UnrollBuilder(num_envs, *unroll_layout, frame_stack=frame_stack)
         self.net = agent.acting_network()
         self.version = 0
         self.stats = InferenceStats()
         # Where this thread's time goes; "bookkeeping" is inputs, unrolls and replies.
         self.stopwatch = Stopwatch()
         self.table = ActingTable(
-            agent.initial_state, num_envs, action_shape, action_dtype, self.device
+            agent.initial_state, num_envs, action_shape, action_dtype, self.device, frame_stack
         )
         self._run_id = torch.full((num_envs,), -1, dtype=torch.int64)
         self._ep_return = np.zeros(num_envs, np.float64)
@@ -139,7 +146,9 @@ class InferenceServer:
             action, extras, state, version = _acted(request.acted, len(self.table.state))
             self.table.record(ids, action)  # the actors keep their recurrent state themselves
         record = {
-            "obs": obs,  # copied into the unroll buffers before the actor may overwrite it
+            # Copied into the unroll buffers before the actor may overwrite it; with frame_stack,
+            # only the newest frame, which is all the actor sent.
+            "obs": obs,
             "prev_action": prev_action,
             "reward": reward,
             "done": done,

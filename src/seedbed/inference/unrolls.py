@@ -6,24 +6,35 @@ unroll filled are cut out together as one batch, and their last ``overlap`` step
 the front so consecutive unrolls share them. With one shared step (V-trace) the last step
 bootstraps the first unroll and starts the second; replay agents share more (R2D2's sequences
 overlap by their burn-in and more, DQN's by its n-step window).
+
+With ``frame_stack`` k > 1 each step's ``obs`` is one frame, and each env also keeps the context
+of its open unroll (the k - 1 older frames of the stack at its first step), which the cut unroll
+carries as ``Unrolls.obs_context``; the next unroll's context is the stack at the step it starts
+from, found by ``framestack.stack_context``. An env's first step, and its first after ``reset``,
+must start an episode (central inference makes sure): its context is then never read.
 """
 
 from __future__ import annotations
 
 import torch
 
+from seedbed.framestack import stack_context
 from seedbed.types import State, Unrolls
 
 
 class UnrollBuilder:
     """Assembles unrolls from steps that arrive for arbitrary subsets of environments."""
 
-    def __init__(self, num_envs: int, unroll_length: int, overlap: int = 1) -> None:
+    def __init__(
+        self, num_envs: int, unroll_length: int, overlap: int = 1, frame_stack: int = 1
+    ) -> None:
         if not 1 <= overlap <= unroll_length:
             raise ValueError(f"overlap must lie in [1, {unroll_length}], got {overlap}")
         self.num_envs = num_envs
         self.length = unroll_length + 1  # steps stored per unroll
         self.overlap = overlap
+        self.frame_stack = frame_stack
+        self._contexts: torch.Tensor | None = None  # [num_envs, (k-1) * c, ...] with stacking
         self._buffers: dict[str, torch.Tensor] = {}
         # The recurrent state and parameter version before each stored step: an unroll that
         # starts at a shared step needs them.
@@ -42,6 +53,10 @@ class UnrollBuilder:
         self._states = tuple(
             torch.zeros((self.num_envs, self.length, *s.shape[1:]), dtype=s.dtype) for s in state
         )
+        if self.frame_stack > 1:
+            frame = step["obs"].shape[1:]
+            shape = (self.num_envs, (self.frame_stack - 1) * frame[0], *frame[1:])
+            self._contexts = torch.zeros(shape, dtype=step["obs"].dtype)
 
     def append(
         self,
@@ -76,9 +91,16 @@ class UnrollBuilder:
             {key: buf[done_ids].transpose(0, 1) for key, buf in self._buffers.items()},
             tuple(table[done_ids, 0] for table in self._states),
             self._versions[done_ids, 0],
+            obs_context=None if self._contexts is None else self._contexts[done_ids],
         )
-        # The last steps open the next unroll, with the state and version from before them.
-        shared = slice(self.length - self.overlap, self.length)
+        # The last steps open the next unroll, with the state, version and stack from before.
+        first_shared = self.length - self.overlap
+        if unrolls.obs_context is not None:
+            steps = unrolls.steps
+            self._contexts[done_ids] = stack_context(
+                unrolls.obs_context, steps["obs"], steps["done"], first_shared
+            )
+        shared = slice(first_shared, self.length)
         for buf in (*self._buffers.values(), *self._states, self._versions):
             buf[done_ids, : self.overlap] = buf[done_ids, shared]
         self._pos[done_ids] = self.overlap

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seedbed.framestack import restack
 from seedbed.inference.server import InferenceStats
 from seedbed.replicate import ReplicaContext
 from seedbed.runtime.progress import Progress
@@ -93,7 +94,9 @@ class LearnerLoop:
     def _learn(self, batch: Unrolls) -> None:
         """One learner step on ``batch``, then the new parameters to inference."""
         watch, progress = self.stopwatch, self.progress
-        batch = batch.to(self.replica.device)
+        # Frames stored once (--frame-stack-on learner) become stacks here, on the learner's
+        # device, so no agent knows where the stacks were built.
+        batch = restack(batch.to(self.replica.device))
         metrics = self.agent.learn(batch)
         self.services.buffer.learned(batch)
         watch.lap("learning")

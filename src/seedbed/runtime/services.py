@@ -114,6 +114,7 @@ class Services:
             action_shape=self.spec.action_shape,
             action_dtype=self.spec.action_dtype,
             precision=cfg.precision,
+            frame_stack=self.spec.learner_stack,
         )
         self.publisher = PolicyPublisher(
             self.agent,
@@ -178,12 +179,13 @@ class Services:
             serving.join(timeout=10)
 
     def _transport_spec(self, acted: Fields) -> TransportSpec:
-        """What the server carries: every actor slot's envs, as the env spec shapes them."""
+        """What the server carries: every actor slot's envs, as actors send them (one frame
+        each where the learner stacks them)."""
         cfg, spec = self.layout, self.spec
         return TransportSpec(
             cfg.num_slots,
             cfg.envs_per_actor,
-            tuple(spec.obs_shape),
+            spec.sent_obs_shape,
             spec.obs_dtype,
             tuple(spec.action_shape),
             spec.action_dtype,
@@ -232,7 +234,7 @@ class Services:
                 settings=settings,
                 slot=slot,
                 obs_dtype=self.spec.obs_dtype,
-                obs_shape=tuple(self.spec.obs_shape),
+                obs_shape=self.spec.sent_obs_shape,  # what the actor sends
                 action_dtype=self.spec.action_dtype,
                 action_shape=tuple(self.spec.action_shape),
                 local=None if local is None else {**local, "first_env": slot * cfg.envs_per_actor},
