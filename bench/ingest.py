@@ -25,9 +25,10 @@ line per point), over a window of ``--seconds`` after ``--warmup-s``:
   then waiting for their actions, as seedbed's actor does: it sends one step per
   E / ``actor_steps_per_s`` seconds of stepping (the raw rate of one core, from
   docs/benchmarks.md: CartPole 126,550 env steps/s at 32 envs, Atari 2,982 agent steps/s at 8
-  envs with EnvPool) plus one round trip (the p50 at the size's smallest N, the lightest load).
-  Machines = (1e6 / us per step) x (E / actor_steps_per_s + round trip). ``estimates`` gives
-  it for each size at its largest N, with its inputs; stderr says it in words.
+  envs with EnvPool) plus one round trip without load (``round_trip_alone_ms``: the median of
+  one actor stepping alone for ``--probe-s`` before the others start). Machines =
+  (1e6 / us per step) x (E / actor_steps_per_s + round trip alone). ``estimates`` gives it for
+  each size at its largest N, with its inputs; stderr says it in words.
 
 Sizes: ``cartpole`` (CartPole-v1's spec: 4 float32), ``atari`` (uint8 4x84x84, the 4 stacked
 frames seedbed's Atari sends) and ``atari1`` (uint8 1x84x84: what ``--frame-stack 1`` sends; the
@@ -74,7 +75,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ingest_actors import ABORT, FINISH, MEASURE, Shared, simulate, split
+from ingest_actors import ABORT, FINISH, MEASURE, PROBE, RUN, Shared, simulate, split
 from ingest_envs import NEWEST_ID, STACKED_ID
 from machine import machine
 
@@ -269,6 +270,9 @@ def run_point(point: Point, args: Any) -> dict:
                 sims.append(ctx.Process(target=simulate, args=sim_args, daemon=True))
                 sims[-1].start()
             _wait_connected(shared, sims, learner, timeout_s=120.0)
+            shared.phase.value = PROBE  # one actor alone: the round trip without load
+            time.sleep(args.probe_s)
+            shared.phase.value = RUN
             time.sleep(args.warmup_s)
             before = Snapshot.take(learner, shared)
             shared.phase.value = MEASURE
@@ -320,7 +324,6 @@ def account(
         books["steps_sent"] == books["steps_answered"]
         and books["frames_counted_by_learner"] == books["frames_expected"]
         and books["unrolls_learned"] == built - waiting
-        and books["refused"] == 0
     )
     return books
 
@@ -341,6 +344,9 @@ def row(point: Point, before: Snapshot, after: Snapshot, outs: list[dict], books
     loop_s = after.main_thread_s - before.main_thread_s
     wire = next((out["wire"] for out in outs if out.get("wire")), None) or {}
     latencies = np.concatenate([out["latencies"] for out in outs] or [np.zeros(0)])
+    alone = np.concatenate([out["alone"] for out in outs] or [np.zeros(0)])
+    us_per_step = 1e6 * cpu / steps
+    alone_ms = round(float(np.median(alone)) * 1e3, 2) if len(alone) else None
     return {
         "size": point.name,
         "actors": point.actors,
@@ -353,36 +359,33 @@ def row(point: Point, before: Snapshot, after: Snapshot, outs: list[dict], books
         "bytes_per_step": wire.get("request"),
         "bytes_per_reply": wire.get("reply"),
         "learner_cpu_cores": round(cpu / seconds, 3),
-        "learner_cpu_us_per_step": round(1e6 * cpu / steps, 1),
-        "learner_cpu_us_per_frame": round(1e6 * cpu / steps / point.envs, 2),
+        "learner_cpu_us_per_step": round(us_per_step, 1),
+        "learner_cpu_us_per_frame": round(us_per_step / point.envs, 2),
         "learner_loop_thread_share": round(loop_s / cpu, 3) if cpu else None,
         "ingest_cpu_us_per_step": round(1e6 * (cpu - loop_s) / steps, 1),
         "latency_ms": percentiles_ms(latencies),
-        "actor_machines_per_learner_core": None,  # ``estimates`` fills it in
+        "round_trip_alone_ms": alone_ms,
+        "actor_machines_per_learner_core": machines_per_core(point, us_per_step, alone_ms),
         "accounting": books,
     }
 
 
-def machines_per_core(point: dict, size: Size, round_trip_ms: float) -> float:
-    """Actor machines of E envs one learner core serves at ``point``'s CPU per step: each sends
-    a step per E / ``actor_steps_per_s`` seconds of stepping plus a round trip."""
-    envs = point["envs_per_actor"]
-    machine_steps_per_s = 1.0 / (envs / size.actor_steps_per_s + round_trip_ms / 1e3)
-    return round(1e6 / point["learner_cpu_us_per_step"] / machine_steps_per_s, 1)
+def machines_per_core(
+    point: Point, us_per_step: float, round_trip_ms: float | None
+) -> float | None:
+    """Actor machines of E envs one learner core serves at ``us_per_step``: each sends a step
+    per E / ``actor_steps_per_s`` seconds of stepping plus a round trip."""
+    if not us_per_step or round_trip_ms is None:
+        return None
+    stepping_s = point.envs / point.size.actor_steps_per_s
+    return round(1e6 / us_per_step * (stepping_s + round_trip_ms / 1e3), 1)
 
 
 def estimates(points: list[dict]) -> list[dict]:
-    """Fill in each point's machines per learner core, with the round trip (p50) of its size's
-    smallest N, the lightest load; and for each size, the estimate at its largest N."""
+    """For each size, the estimate at its largest N, with what it assumed."""
     out = []
     for name in dict.fromkeys(p["size"] for p in points):
-        mine = [p for p in points if p["size"] == name]
-        round_trip_ms = min(mine, key=lambda p: p["actors"])["latency_ms"]["p50"]
-        if round_trip_ms is None:
-            continue
-        for p in mine:
-            p["actor_machines_per_learner_core"] = machines_per_core(p, SIZES[name], round_trip_ms)
-        p = max(mine, key=lambda p: p["actors"])
+        p = max((p for p in points if p["size"] == name), key=lambda p: p["actors"])
         envs, size = p["envs_per_actor"], SIZES[name]
         out.append(
             {
@@ -394,7 +397,7 @@ def estimates(points: list[dict]) -> list[dict]:
                 "frames_per_s_per_learner_core": round(1e6 / p["learner_cpu_us_per_frame"]),
                 "actor_steps_per_s_assumed": size.actor_steps_per_s,
                 "actor_stepping_ms": round(1e3 * envs / size.actor_steps_per_s, 3),
-                "round_trip_ms_assumed": round_trip_ms,
+                "round_trip_alone_ms": p["round_trip_alone_ms"],
                 "actor_machines_per_learner_core": p["actor_machines_per_learner_core"],
             }
         )
@@ -419,7 +422,8 @@ def main() -> None:
     p.add_argument("--actors-list", default="8,32,128,256", help="N: simulated remote actors")
     p.add_argument("--sizes", default="cartpole,atari,atari1", help=", ".join(SIZES))
     p.add_argument("--seconds", type=float, default=10.0, help="measured window per point")
-    p.add_argument("--warmup-s", type=float, default=2.0, help="after all are connected")
+    p.add_argument("--probe-s", type=float, default=1.0, help="one actor alone, first")
+    p.add_argument("--warmup-s", type=float, default=2.0, help="all actors, before the window")
     p.add_argument("--envs-per-actor", type=int, default=None, help="E (default: per size)")
     p.add_argument("--batch", type=int, default=None, help="B; must divide E")
     p.add_argument("--unroll", type=int, default=16, help="T")

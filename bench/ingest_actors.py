@@ -10,6 +10,7 @@ when to measure and when to stop; they count their steps there, where the bench 
 from __future__ import annotations
 
 import dataclasses
+import random
 import signal
 import threading
 import time
@@ -19,7 +20,12 @@ import numpy as np
 
 GRPC_PREFIX = 5  # bytes gRPC puts before each message: a flag and the length
 EPISODE = 100  # every env ends an episode every this many steps
-RUN, MEASURE, FINISH, ABORT = range(4)  # what the simulated actors are told to do
+# What the simulated actors are told to do: wait once connected; stream 0 alone steps (the
+# round trip without load); all step; all step and measure; stop at an unroll's end; stop now.
+CONNECT, PROBE, RUN, MEASURE, FINISH, ABORT = range(6)
+# Streams of one process saying hello at once: two processes stay under the gateway's cap on
+# streams awaiting their hello (MAX_PENDING_HELLOS, 64), past which it refuses new ones.
+CONNECTING = 16
 
 
 @dataclasses.dataclass
@@ -35,7 +41,9 @@ class Shared:
     @classmethod
     def make(cls, ctx: Any, streams: int) -> Shared:
         raw = ctx.RawArray
-        return cls(ctx.RawValue("i", RUN), raw("b", streams), raw("q", streams), raw("q", streams))
+        return cls(
+            ctx.RawValue("i", CONNECT), raw("b", streams), raw("q", streams), raw("q", streams)
+        )
 
 
 class PrebuiltSteps:
@@ -82,38 +90,68 @@ def _finished(phase: int, steps: int, unroll: int) -> bool:
     return phase == ABORT or (phase == FINISH and steps >= 1 and (steps - 1) % unroll == 0)
 
 
-def _act(address: str, token: bytes, index: int, unroll: int, shared: Shared, out: dict) -> None:
-    """One simulated actor: a stream, steps until told to stop, the round trips measured."""
-    from seedbed.errors import SeedbedError
+def _connect(address: str, token: bytes, index: int, gate: threading.Semaphore) -> Any:
+    """Stream ``index``'s client, past at most ``CONNECTING`` hellos at once; a refusal to
+    connect (the gateway busy with hellos) is retried for a minute, as ``seedbed actor`` does."""
     from seedbed.transport.remote import GrpcActorClient
 
-    latencies: list[float] = []
-    out["latencies"] = latencies
+    deadline = time.monotonic() + 60.0
+    while True:
+        with gate:
+            try:
+                return GrpcActorClient(address, token, name=f"ingest-{index}", timeout_s=60.0)
+            except ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+        time.sleep(random.uniform(0.1, 0.5))
+
+
+def _act(
+    address: str,
+    token: bytes,
+    index: int,
+    unroll: int,
+    shared: Shared,
+    gate: threading.Semaphore,
+    out: dict,
+) -> None:
+    """One simulated actor: a stream, steps until told to stop, the round trips measured."""
+    from seedbed.errors import SeedbedError
+
+    out["latencies"], out["alone"] = [], []
     try:
-        client = GrpcActorClient(address, token, name=f"ingest-{index}", timeout_s=60.0)
+        client = _connect(address, token, index, gate)
     except (ConnectionError, SeedbedError) as e:
         out["error"] = f"stream {index}: {e}"
         return
     try:
-        steps = PrebuiltSteps(client.assignment)
         shared.connected[index] = 1
-        n = 0
-        while not _finished(shared.phase.value, n, unroll):
-            measuring = shared.phase.value == MEASURE
-            shared.sent[index] = n + 1
-            start = time.perf_counter()
-            actions = client.call(*steps.step(n))
-            latency = time.perf_counter() - start
-            n += 1
-            shared.answered[index] = n
-            if measuring:
-                latencies.append(latency)
-            if n == 1:
-                out["wire"] = steps.wire(actions)
+        _step(client, index, unroll, shared, out)
     except (ConnectionError, SeedbedError) as e:
         out["error"] = f"stream {index}: {e}"
     finally:
         client.close()
+
+
+def _step(client: Any, index: int, unroll: int, shared: Shared, out: dict) -> None:
+    """Send steps and wait for their actions as the phases say: stream 0 alone in PROBE, every
+    stream from RUN on; keep the round trips of PROBE and MEASURE."""
+    steps = PrebuiltSteps(client.assignment)
+    n = 0
+    while not _finished(phase := shared.phase.value, n, unroll):
+        if phase == CONNECT or (phase == PROBE and index != 0):
+            time.sleep(0.005)
+            continue
+        shared.sent[index] = n + 1
+        start = time.perf_counter()
+        actions = client.call(*steps.step(n))
+        latency = time.perf_counter() - start
+        n += 1
+        shared.answered[index] = n
+        if phase in (PROBE, MEASURE):
+            out["alone" if phase == PROBE else "latencies"].append(latency)
+        if n == 1:
+            out["wire"] = steps.wire(actions)
 
 
 def simulate(
@@ -122,8 +160,11 @@ def simulate(
     """A process of simulated actors, a thread and a stream each; puts what they measured."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the bench stops them through ``shared``
     outs: list[dict] = [{} for _ in indices]
+    gate = threading.Semaphore(CONNECTING)
     threads = [
-        threading.Thread(target=_act, args=(address, token, i, unroll, shared, out), daemon=True)
+        threading.Thread(
+            target=_act, args=(address, token, i, unroll, shared, gate, out), daemon=True
+        )
         for i, out in zip(indices, outs, strict=True)
     ]
     for thread in threads:
@@ -133,6 +174,7 @@ def simulate(
     results.put(
         {
             "latencies": np.array([x for out in outs for x in out["latencies"]]),
+            "alone": np.array([x for out in outs for x in out["alone"]]),
             "errors": [out["error"] for out in outs if "error" in out],
             "wire": next((out["wire"] for out in outs if "wire" in out), None),
         }

@@ -81,5 +81,6 @@ def test_four_actors_for_three_seconds_lose_nothing(tmp_path):
     assert 0 < point["learner_loop_thread_share"] < 1
     latency = point["latency_ms"]
     assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] and latency["samples"] > 0
+    assert point["round_trip_alone_ms"] > 0
     (estimate,) = report["estimates"]
     assert estimate["actor_machines_per_learner_core"] > 0
