@@ -52,7 +52,7 @@ def test_unfinished_unrolls_and_a_partial_batch_are_not_losses():
     assert not _books([4, 4, 4, 4], learner_steps=1, batch=8)["nothing_lost"]  # 16 built
 
 
-def test_four_actors_for_three_seconds_lose_nothing(tmp_path):
+def test_four_actors_for_three_seconds_lose_nothing(no_leaks):
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--sizes", "cartpole", "--actors-list", "4"]
         + ["--seconds", "3", "--warmup-s", "0.5", "--sim-processes", "1"],
