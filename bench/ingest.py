@@ -100,6 +100,18 @@ SIZES = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One measurement: a size, N actors of E envs, the learner's T and B."""
+
+    name: str
+    size: Size
+    actors: int
+    envs: int
+    unroll: int
+    batch: int
+
+
 # --- the learner (a `seedbed train` process) --------------------------------------------------
 
 
@@ -145,17 +157,31 @@ class Learner:
         pid = self.proc.pid
         return _cpu_s(f"/proc/{pid}/stat"), _cpu_s(f"/proc/{pid}/task/{pid}/stat")
 
+    def runnable_threads(self) -> int:
+        """How many of its threads run or wait for a core now (state R)."""
+        tasks, count = f"/proc/{self.proc.pid}/task", 0
+        for tid in os.listdir(tasks):
+            try:
+                with open(f"{tasks}/{tid}/stat") as f:
+                    text = f.read()
+            except OSError:  # the thread ended meanwhile
+                continue
+            count += text[text.rindex(")") + 2] == "R"
+        return count
+
     def wait_idle(self, min_s: float = 0.5, max_s: float = 60.0) -> None:
-        """Wait until it has learned what it can: its CPU under 5 % of a core for 0.5 s."""
+        """Wait until it has learned what it can: for 0.75 s, under 5 % of a core and no thread
+        waiting for one (a learner starved of CPU by other work is not idle)."""
         start = last_t = time.monotonic()
         last_cpu, quiet = self.cpu()[0], 0
         while time.monotonic() - start < max_s:
             time.sleep(0.25)
             self.check_alive()
             now, cpu = time.monotonic(), self.cpu()[0]
-            quiet = quiet + 1 if (cpu - last_cpu) / (now - last_t) < 0.05 else 0
+            idle = (cpu - last_cpu) / (now - last_t) < 0.05 and not self.runnable_threads()
+            quiet = quiet + 1 if idle else 0
             last_t, last_cpu = now, cpu
-            if quiet >= 2 and now - start >= min_s:
+            if quiet >= 3 and now - start >= min_s:
                 return
 
     def stop(self, timeout_s: float = 120.0) -> dict:
@@ -195,18 +221,6 @@ def learner_flags(point: Point, args: Any, tmp: Path) -> list[str]:
 
 
 # --- one point: a learner, N actors, a window ------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Point:
-    """One measurement: a size, N actors of E envs, the learner's T and B."""
-
-    name: str
-    size: Size
-    actors: int
-    envs: int
-    unroll: int
-    batch: int
 
 
 @dataclasses.dataclass(frozen=True)
