@@ -23,7 +23,7 @@ import torch
 
 from seedbed.agents.base import Agent, copy_parameters
 from seedbed.inference.acting import ActingTable
-from seedbed.inference.unrolls import UnrollBuilder
+from seedbed.inference.unrolls import UnrollBuilder, env_rows
 from seedbed.quantize import quantize_for_inference
 from seedbed.telemetry import Stopwatch
 from seedbed.transport.base import Request, ServerTransport
@@ -52,6 +52,11 @@ def _acted(
     action, version = extras.pop("action"), extras.pop("version")
     state = tuple(extras.pop(f"state{i}") for i in range(state_size))
     return action, extras, state, version
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor sharing ``array``'s memory (copied only where numpy may not be written)."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
 class InferenceServer:
@@ -95,9 +100,10 @@ class InferenceServer:
         self.table = ActingTable(
             agent.initial_state, num_envs, action_shape, action_dtype, self.device, frame_stack
         )
-        self._run_id = torch.full((num_envs,), -1, dtype=torch.int64)
+        self._run_id = np.full(num_envs, -1, np.int64)
         self._ep_return = np.zeros(num_envs, np.float64)
         self._ep_length = np.zeros(num_envs, np.int64)
+        self._env_ids = np.arange(num_envs)
         self._params_lock = threading.Lock()
         self._stats_lock = threading.Lock()
 
@@ -127,24 +133,32 @@ class InferenceServer:
                 self.step(request, stop)
 
     def step(self, request: Request, stop: threading.Event | None = None) -> None:
-        """Act for one batched request, record it into unrolls, then answer it."""
-        ids = torch.from_numpy(np.ascontiguousarray(request.env_ids))
-        run_id = torch.from_numpy(np.ascontiguousarray(request.run_id))
-        restarted = self._run_id[ids] != run_id
-        done = torch.from_numpy(np.array(request.done, dtype=np.bool_)) | restarted
-        truncated = torch.from_numpy(np.array(request.truncated, dtype=np.bool_)) & ~restarted
-        if restarted.any():
-            self._reset(ids[restarted], run_id[restarted])
-        reward = torch.from_numpy(np.array(request.reward, dtype=np.float32))
-        self._count_episodes(request, restarted.numpy())
+        """Act for one batched request, record it into unrolls, then answer it.
 
-        obs = torch.from_numpy(request.obs)
-        prev_action = self.table.prev_action[ids]  # a copy: acting replaces the table's
+        The bookkeeping is numpy on views of the request's rows (an actor's envs are one
+        slice of every table); torch appears only where the agent acts. Everything the step
+        reads from the request is copied into the unroll buffers before the answer, since an
+        answered actor overwrites its rows.
+        """
+        ids, rows = env_rows(request.env_ids)
+        run_id = np.asarray(request.run_id, np.int64)
+        restarted = self._run_id[rows] != run_id
+        done = np.asarray(request.done, np.bool_)
+        truncated = np.asarray(request.truncated, np.bool_)
+        reward = np.asarray(request.reward, np.float32)
+        if restarted.any():
+            done, truncated = done | restarted, truncated & ~restarted
+            self._reset(ids[restarted], run_id[restarted])
+            self._count_episodes(ids[~restarted], reward[~restarted], done[~restarted], len(ids))
+        else:
+            self._count_episodes(rows, reward, done, len(ids))
+        obs = request.obs
+        prev_action = self.table.prev_action.numpy()[ids]  # a copy: acting replaces the table's
         if request.acted is None:
             action, extras, state, version = self._act(ids, obs, reward, done)
         else:
             action, extras, state, version = _acted(request.acted, len(self.table.state))
-            self.table.record(ids, action)  # the actors keep their recurrent state themselves
+            self.table.record(torch.from_numpy(ids), action)  # actors keep their own state
         record = {
             # Copied into the unroll buffers before the actor may overwrite it; with frame_stack,
             # only the newest frame, which is all the actor sent.
@@ -166,12 +180,13 @@ class InferenceServer:
             self.stopwatch.lap("waiting_for_queue_space")
 
     def _act(
-        self, ids: torch.Tensor, obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor
+        self, ids: np.ndarray, obs: np.ndarray, reward: np.ndarray, done: np.ndarray
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[torch.Tensor, ...], int]:
         """Central inference for these envs: their actions, the agent's extras and the state
         they acted from (on the CPU), and the parameter version that acted. The acting table
         keeps their actions and next state."""
-        step, state = self.table.inputs(ids, obs, reward, done)
+        slots = torch.from_numpy(ids)
+        step, state = self.table.inputs(slots, _tensor(obs), _tensor(reward), _tensor(done))
         self.stopwatch.lap("bookkeeping")
         with self._params_lock:
             self.stopwatch.lap("waiting_for_parameters")
@@ -179,33 +194,38 @@ class InferenceServer:
             version = self.version
         action = out.action.cpu()
         self.stopwatch.lap("acting")
-        self.table.record(ids, action, out.state)
+        self.table.record(slots, action, out.state)
         extras = {k: v.cpu() for k, v in out.extras.items()}
         return action, extras, tuple(s.cpu() for s in state), version
 
-    def _reset(self, env_ids: torch.Tensor, run_ids: torch.Tensor) -> None:
+    def _reset(self, env_ids: np.ndarray, run_ids: np.ndarray) -> None:
         """An actor (re)started: its envs begin anew, with no state and no partial unroll."""
         self._run_id[env_ids] = run_ids
-        self.table.reset(env_ids)
+        self.table.reset(torch.from_numpy(env_ids))
         self.builder.reset(env_ids)
-        self._ep_return[env_ids.numpy()] = 0.0
-        self._ep_length[env_ids.numpy()] = 0
+        self._ep_return[env_ids] = 0.0
+        self._ep_length[env_ids] = 0
         with self._stats_lock:
             self.stats.resets += len(env_ids)
 
-    def _count_episodes(self, request: Request, restarted: np.ndarray) -> None:
-        """Raw (unclipped) returns of the episodes that ended with this step."""
-        ids = np.asarray(request.env_ids)[~restarted]
-        done = np.asarray(request.done)[~restarted]
-        self._ep_return[ids] += np.asarray(request.reward)[~restarted]
-        self._ep_length[ids] += 1
-        ended = ids[done]
+    def _count_episodes(
+        self, rows: slice | np.ndarray, reward: np.ndarray, done: np.ndarray, served: int
+    ) -> None:
+        """Raw (unclipped) returns of the episodes that ended with this step, for the envs at
+        ``rows`` (a restarted env's first step counts for nothing); ``served``: all envs."""
+        self._ep_return[rows] += reward
+        self._ep_length[rows] += 1
+        counted = len(reward)
+        ended = None
+        if done.any():
+            ended = self._env_ids[rows][done]
         with self._stats_lock:
-            self.stats.frames += len(ids) * self.frames_per_step
+            self.stats.frames += counted * self.frames_per_step
             self.stats.batches += 1
-            self.stats.batch_envs += len(request.env_ids)
-            if len(ended):
+            self.stats.batch_envs += served
+            if ended is not None:
                 self.stats.episode_returns.extend(self._ep_return[ended].tolist())
                 self.stats.episode_lengths.extend(self._ep_length[ended].tolist())
-        self._ep_return[ended] = 0.0
-        self._ep_length[ended] = 0
+        if ended is not None:
+            self._ep_return[ended] = 0.0
+            self._ep_length[ended] = 0
