@@ -7,10 +7,11 @@ last ``overlap`` steps are copied to the front so consecutive unrolls share them
 step (V-trace) the last step bootstraps the first unroll and starts the second; replay agents
 share more (R2D2's sequences overlap by their burn-in and more, DQN's by its n-step window).
 
-The buffers are time-major, as ``Unrolls`` are, and written through numpy: in the common case (an
-actor's envs, rows ``[a*E, (a+1)*E)``, all at the same position, as central inference serves
-them) a step is one contiguous block per field and a cut one strided copy per field, with no
-per-step allocation and nothing that releases the interpreter lock between threads.
+The buffers are time-major and written through numpy: in the common case (an actor's envs, rows
+``[a*E, (a+1)*E)``, all at the same position, as central inference serves them) a step writes one
+contiguous block per field, with no allocation and no torch call (a torch call lets the learner's
+thread take the interpreter lock, and the inference thread then waits to get it back). A cut
+copies each field once, into the batch-major layout unrolls have always had.
 
 With ``frame_stack`` k > 1 each step's ``obs`` is one frame, and each env also keeps the context
 of its open unroll (the k - 1 older frames of the stack at its first step), which the cut unroll
@@ -136,9 +137,9 @@ class UnrollBuilder:
         open their next unrolls, with the state, version and stack context from before."""
         t_ids = torch.from_numpy(ids)
         unrolls = Unrolls(
-            {key: torch.from_numpy(_take(buf, rows)) for key, buf in self._buffers.items()},
+            {key: _batch_major(buf, rows).transpose(0, 1) for key, buf in self._buffers.items()},
             tuple(table[0, t_ids] for table in self._states),
-            torch.from_numpy(_take(self._versions[0], rows)),
+            torch.from_numpy(self._versions[0, rows].copy()),
             obs_context=None if self._contexts is None else self._contexts[t_ids],
         )
         first_shared = self.length - self.overlap
@@ -156,8 +157,9 @@ class UnrollBuilder:
         return unrolls
 
 
-def _take(buf: np.ndarray, rows: Rows) -> np.ndarray:
-    """A contiguous copy of ``buf[:, rows]`` (of ``buf[rows]`` for a 1-d ``buf``)."""
-    index = (slice(None), rows) if buf.ndim > 1 else rows
-    part = buf[index]
-    return part.copy() if isinstance(rows, slice) else np.ascontiguousarray(part)
+def _batch_major(buf: np.ndarray, rows: Rows) -> torch.Tensor:
+    """A copy of ``buf[:, rows]`` laid out batch-major, ``[k, T+1, ...]``: the layout unrolls
+    have always had (time-major views of it), which the learner's arithmetic follows."""
+    part = buf.swapaxes(0, 1)[rows]
+    # A slice is a view, and one that may look contiguous already (k = 1): copy it.
+    return torch.from_numpy(part.copy() if isinstance(rows, slice) else np.ascontiguousarray(part))
