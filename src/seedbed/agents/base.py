@@ -108,10 +108,9 @@ def optimizer_step(
     limit = float("inf") if max_grad_norm is None else max_grad_norm
     grad_norm = torch.nn.utils.clip_grad_norm_(params, limit)
     optimizer.step()
-    metrics = {name: float(value.detach()) for name, value in terms.items()}
-    metrics["loss"] = float(loss.detach())
-    metrics["grad_norm"] = float(grad_norm)
-    return metrics
+    names = (*terms, "loss", "grad_norm")
+    values = torch.stack([*terms.values(), loss, grad_norm]).detach().tolist()  # one read
+    return dict(zip(names, values, strict=True))
 
 
 class ReplayLearner:
