@@ -11,6 +11,12 @@ With ``frame_stack`` k > 1 (``EnvSpec.learner_stack``) actors send one frame per
 the acting table keeps each env's stack on the acting device and the agent acts on the stacks,
 while unrolls keep the frames once (``seedbed.framestack``). A restarted actor's envs start over
 as at an episode start, since the server forces ``done`` for them.
+
+Several threads may ``serve`` at once (``--inference-threads``): one receives while another
+acts or answers. Each takes whole requests, and an actor sends its next step only once its last
+is answered, so an env is only ever in one thread's hands, and the per-env tables and unroll
+rows each thread writes are its own; acting holds the parameters' lock, so the threads act one
+at a time on parameters that no publish is writing.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from seedbed.agents.base import Agent, copy_parameters
 from seedbed.inference.acting import ActingTable
 from seedbed.inference.unrolls import UnrollBuilder, env_rows
 from seedbed.quantize import quantize_for_inference
-from seedbed.telemetry import Stopwatch
+from seedbed.telemetry import Stopwatch, combined_shares
 from seedbed.transport.base import Request, ServerTransport
 from seedbed.types import Buffer
 
@@ -95,8 +101,8 @@ class InferenceServer:
         self.net = agent.acting_network()
         self.version = 0
         self.stats = InferenceStats()
-        # Where this thread's time goes; "bookkeeping" is inputs, unrolls and replies.
-        self.stopwatch = Stopwatch()
+        self._watches: list[Stopwatch] = []  # one per serving thread: ``stopwatch``
+        self._local = threading.local()
         self.table = ActingTable(
             agent.initial_state, num_envs, action_shape, action_dtype, self.device, frame_stack
         )
@@ -106,6 +112,7 @@ class InferenceServer:
         self._env_ids = np.arange(num_envs)
         self._params_lock = threading.Lock()
         self._stats_lock = threading.Lock()
+        self._recv_lock = threading.Lock()  # one serving thread receives at a time
 
     def publish(self, network: torch.nn.Module, version: int) -> None:
         """Act with ``network``'s parameters from now on (called by the learner)."""
@@ -124,11 +131,30 @@ class InferenceServer:
             stats, self.stats = self.stats, InferenceStats(frames=self.stats.frames)
         return stats
 
+    @property
+    def stopwatch(self) -> Stopwatch:
+        """Where the calling thread's time goes ("bookkeeping" is inputs, unrolls and
+        replies): each serving thread books into its own."""
+        watch = getattr(self._local, "watch", None)
+        if watch is None:
+            watch = self._local.watch = Stopwatch()
+            with self._stats_lock:
+                self._watches.append(watch)
+        return watch
+
+    def time_shares(self) -> dict[str, float]:
+        """Where the serving threads' time went, all of them together."""
+        with self._stats_lock:
+            watches = list(self._watches)
+        return combined_shares(watches)
+
     def serve(self, stop: threading.Event) -> None:
-        """Answer requests until ``stop`` is set."""
+        """Answer requests until ``stop`` is set; several threads may serve at once."""
+        watch = self.stopwatch
         while not stop.is_set():
-            request = self.transport.recv(self.max_batch, self.timeout_s)
-            self.stopwatch.lap("waiting_for_requests")
+            with self._recv_lock:  # waiting for the lock is waiting for requests too
+                request = self.transport.recv(self.max_batch, self.timeout_s)
+            watch.lap("waiting_for_requests")
             if request is not None:
                 self.step(request, stop)
 
@@ -172,12 +198,13 @@ class InferenceServer:
         }
         unrolls = self.builder.append(ids, record, state, version)
         self.transport.send(request, action.numpy())
-        self.stopwatch.lap("bookkeeping")
+        watch = self.stopwatch
+        watch.lap("bookkeeping")
         if unrolls is not None:
             while not self.queue.put(unrolls, timeout=0.1):
                 if stop is None or stop.is_set():
                     return
-            self.stopwatch.lap("waiting_for_queue_space")
+            watch.lap("waiting_for_queue_space")
 
     def _act(
         self, ids: np.ndarray, obs: np.ndarray, reward: np.ndarray, done: np.ndarray
@@ -185,15 +212,15 @@ class InferenceServer:
         """Central inference for these envs: their actions, the agent's extras and the state
         they acted from (on the CPU), and the parameter version that acted. The acting table
         keeps their actions and next state."""
-        slots = torch.from_numpy(ids)
+        slots, watch = torch.from_numpy(ids), self.stopwatch
         step, state = self.table.inputs(slots, _tensor(obs), _tensor(reward), _tensor(done))
-        self.stopwatch.lap("bookkeeping")
+        watch.lap("bookkeeping")
         with self._params_lock:
-            self.stopwatch.lap("waiting_for_parameters")
+            watch.lap("waiting_for_parameters")
             out = self.agent.act(self.net, step, state)
             version = self.version
         action = out.action.cpu()
-        self.stopwatch.lap("acting")
+        watch.lap("acting")
         self.table.record(slots, action, out.state)
         extras = {k: v.cpu() for k, v in out.extras.items()}
         return action, extras, tuple(s.cpu() for s in state), version

@@ -22,6 +22,7 @@ must start an episode (central inference makes sure): its context is then never 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -72,22 +73,29 @@ class UnrollBuilder:
         self._states: State = ()  # each [length, num_envs, ...]
         self._versions = np.zeros((self.length, num_envs), np.int64)
         self._pos = np.zeros(num_envs, np.int64)
+        self._allocating = threading.Lock()  # threads appending for other envs may race to it
 
     def reset(self, env_ids: Any) -> None:
         """Drop the partial unrolls of ``env_ids`` (their actor restarted)."""
         self._pos[env_rows(env_ids)[1]] = 0
 
     def _allocate(self, step: dict[str, np.ndarray], state: State) -> None:
-        for key, value in step.items():
-            shape = (self.length, self.num_envs, *value.shape[1:])
-            self._buffers[key] = np.zeros(shape, dtype=value.dtype)
-        self._states = tuple(
-            torch.zeros((self.length, self.num_envs, *s.shape[1:]), dtype=s.dtype) for s in state
-        )
-        if self.frame_stack > 1:
-            frame = step["obs"].shape[1:]
-            shape = (self.num_envs, (self.frame_stack - 1) * frame[0], *frame[1:])
-            self._contexts = torch.from_numpy(np.zeros(shape, dtype=step["obs"].dtype))
+        with self._allocating:
+            if self._buffers:
+                return  # another thread's first step came first
+            self._states = tuple(
+                torch.zeros((self.length, self.num_envs, *s.shape[1:]), dtype=s.dtype)
+                for s in state
+            )
+            if self.frame_stack > 1:
+                frame = step["obs"].shape[1:]
+                shape = (self.num_envs, (self.frame_stack - 1) * frame[0], *frame[1:])
+                self._contexts = torch.from_numpy(np.zeros(shape, dtype=step["obs"].dtype))
+            # Last, and whole: a thread that sees buffers sees everything made with them.
+            self._buffers = {
+                key: np.zeros((self.length, self.num_envs, *value.shape[1:]), dtype=value.dtype)
+                for key, value in step.items()
+            }
 
     def append(
         self,
