@@ -51,12 +51,15 @@ def gae(
     """
     next_values = torch.cat([values[1:], bootstrap_value[None]])
     deltas = rewards + discounts * next_values - values
-    advantages = torch.empty_like(deltas)
-    running = torch.zeros_like(bootstrap_value)
-    for t in range(len(deltas) - 1, -1, -1):
-        running = deltas[t] + discounts[t] * lambda_ * running
-        advantages[t] = running
-    return advantages
+    # The recursion step by step, as written above (a scan would round differently), with the
+    # per-step rows taken and the results stacked once rather than indexed at every step.
+    running, backwards = torch.zeros_like(bootstrap_value), []
+    for delta, decay in zip(
+        deltas.unbind(0)[::-1], (discounts * lambda_).unbind(0)[::-1], strict=True
+    ):
+        running = delta + decay * running
+        backwards.append(running)
+    return torch.stack(backwards[::-1])
 
 
 def batch_targets(
