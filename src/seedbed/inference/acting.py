@@ -153,20 +153,27 @@ class ActingTable:
         if slots is None:
             prev_action, state, here = self.prev_action, self.state, self._every
         else:
-            here = slots.to(self.device)
-            prev_action = self.prev_action[slots]
+            here = self._here(slots)
+            # Gathered by numpy: a torch call would let another thread take the interpreter.
+            prev_action = torch.from_numpy(self.prev_action.numpy()[slots.numpy()])
             state = tuple(table[here] for table in self.state)
-        obs, done = obs.to(self.device, non_blocking=True), done.to(self.device)
+        obs, done = self._here(obs, non_blocking=True), self._here(done)
         if self.stacks is not None:
             obs = self.stacks.push(here, obs, done)
         step = StepInput(
             obs=obs,
-            prev_action=prev_action.to(self.device),
-            reward=reward.to(self.device),
+            prev_action=self._here(prev_action),
+            reward=self._here(reward),
             done=done,
-            env_ids=here if env_ids is None else env_ids.to(self.device),
+            env_ids=here if env_ids is None else self._here(env_ids),
         )
         return step, state
+
+    def _here(self, tensor: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        """``tensor`` on the acting device (itself if it is there already)."""
+        if tensor.device == self.device:
+            return tensor
+        return tensor.to(self.device, non_blocking=non_blocking)
 
     def record(
         self, slots: torch.Tensor | None, action: torch.Tensor, state: State | None = None
@@ -178,8 +185,9 @@ class ActingTable:
             if state is not None:
                 self.state = tuple(state)
             return
-        self.prev_action[slots] = action.to(_CPU)
+        action = action if action.device == _CPU else action.cpu()
+        self.prev_action.numpy()[slots.numpy()] = action.numpy()
         if state:
-            here = slots.to(self.device)
+            here = self._here(slots)
             for table, rows in zip(self.state, state, strict=True):
                 table[here] = rows
