@@ -50,7 +50,9 @@ def env_rows(env_ids: Any) -> tuple[np.ndarray, Rows]:
 def as_array(value: Any) -> np.ndarray:
     """A step field as a numpy array (a CPU view of a tensor, copied off another device)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
+        if value.requires_grad or value.device.type != "cpu":
+            value = value.detach().cpu()
+        return value.numpy()
     return np.asarray(value)
 
 
