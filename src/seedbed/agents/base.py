@@ -76,11 +76,13 @@ class Agent(Protocol):
 
 @torch.no_grad()
 def copy_parameters(src: torch.nn.Module, dst: torch.nn.Module) -> None:
-    """Copy ``src``'s parameters and buffers into ``dst`` in place (same architecture)."""
-    for s, d in zip(src.parameters(), dst.parameters(), strict=True):
-        d.copy_(s, non_blocking=True)
-    for s, d in zip(src.buffers(), dst.buffers(), strict=True):
-        d.copy_(s, non_blocking=True)
+    """Copy ``src``'s parameters and buffers into ``dst`` in place (same architecture), in one
+    op: the learner publishes after every step, holding the lock inference acts under."""
+    sources, targets = [*src.parameters(), *src.buffers()], [*dst.parameters(), *dst.buffers()]
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} parameters and buffers to copy into {len(targets)}")
+    if targets:
+        torch._foreach_copy_(targets, sources, non_blocking=True)
 
 
 def acting_copy(network: torch.nn.Module) -> torch.nn.Module:
