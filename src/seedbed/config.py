@@ -69,6 +69,11 @@ class TrainConfig:
     inference_timeout_ms: float = setting(
         2.0, "longest wait for a fuller inference batch once a request arrived"
     )
+    inference_threads: int = setting(
+        1,
+        "threads serving inference requests: while one acts, another takes the next request "
+        "(each takes whole requests, so an env is served by one thread at a time)",
+    )
     queue_size: int = setting(32, "most full unrolls waiting for the learner (backpressure)")
     total_frames: int = setting(5_000_000, "stop after this many environment frames")
     target_return: float | None = setting(
@@ -168,6 +173,7 @@ class TrainConfig:
             "unroll",
             "batch",
             "inference_batch",
+            "inference_threads",
             "queue_size",
             "total_frames",
             "keep_checkpoints",

@@ -51,9 +51,18 @@ class Stopwatch:
 
     def shares(self) -> dict[str, float]:
         """Each activity's fraction of the time booked so far."""
-        seconds = dict(self.seconds)  # one atomic copy: the owning thread keeps lapping
-        total = sum(seconds.values())
-        return {k: round(v / total, 3) for k, v in seconds.items()} if total else {}
+        return combined_shares([self])
+
+
+def combined_shares(watches: list[Stopwatch]) -> dict[str, float]:
+    """Each activity's fraction of the time booked so far by all of ``watches`` together
+    (threads that do the same work, each with its own stopwatch)."""
+    seconds: dict[str, float] = {}
+    for watch in watches:
+        for name, value in dict(watch.seconds).items():  # one atomic copy: its thread laps on
+            seconds[name] = seconds.get(name, 0.0) + value
+    total = sum(seconds.values())
+    return {k: round(v / total, 3) for k, v in seconds.items()} if total else {}
 
 
 class EpisodeWindow:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
+
 import numpy as np
+import pytest
 import torch
 
 from seedbed.agents import make_agent
@@ -141,3 +145,92 @@ def test_continuous_actions_are_kept_and_recorded_as_float32_vectors():
     assert not torch.equal(action[0].round(), action[0])  # real-valued, not cast to integers
     kept = server.table.prev_action
     assert kept.shape == (2, 2) and torch.equal(kept, action[-1])
+
+
+def _stepping_actor(endpoint, steps: int, envs: int, frame: int) -> None:
+    """An actor thread whose envs' observations say which env and step they are."""
+    client = endpoint.open()
+    ids = endpoint.actor * envs + np.arange(envs)
+    try:
+        for t in range(steps):
+            obs = np.zeros((envs, frame), np.uint8 if frame == 2 else np.float32)
+            obs[:, 0], obs[:, 1] = ids, t
+            done = np.full(envs, t == 0)
+            client.call(obs, np.ones(envs, np.float32), done, np.zeros(envs, bool))
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("stack", [1, 2])
+def test_several_serving_threads_keep_each_envs_state_and_unrolls(stack):
+    """Three threads serve four actors at once: every env's recurrent state (and frame stack)
+    goes from each step to its next, and its unrolls hold its own steps in order."""
+    actors, envs, steps, unroll = 4, 3, 30, 4
+    spec = EnvSpec("test", (3 if stack == 1 else 2 * stack,), SPEC.obs_dtype, 2)
+    if stack > 1:
+        spec = EnvSpec("test", (2 * stack,), "uint8", 2, learner_stack=stack)
+    config = resolve([{"lstm": True, "lstm_size": 8, "hidden_sizes": "8"}])
+    agent = make_agent("vtrace", spec, config.agent, "cpu", actors * envs)
+    transport = InProcessServer(actors, envs)
+    queue = UnrollQueue(10_000)
+    server = InferenceServer(
+        agent,
+        transport,
+        queue,
+        actors * envs,
+        (unroll, 1),
+        2 * envs,
+        0.001,
+        "cpu",
+        frame_stack=stack,
+    )
+    acted, real_act = [], agent.act
+
+    def logged_act(net, step, state):  # called under the server's parameters lock
+        out = real_act(net, step, state)
+        acted.append((threading.get_ident(), step.env_ids.clone(), step.obs.clone(), state, out))
+        return out
+
+    agent.act = logged_act
+    endpoints = [transport.connect(a) for a in range(actors)]
+    stop = threading.Event()
+    serving = [threading.Thread(target=server.serve, args=(stop,)) for _ in range(3)]
+    frame = spec.sent_obs_shape[0]
+    stepping = [
+        threading.Thread(target=_stepping_actor, args=(e, steps, envs, frame)) for e in endpoints
+    ]
+    for thread in serving + stepping:
+        thread.start()
+    for thread in stepping:
+        thread.join(timeout=60)
+    stop.set()
+    for thread in serving:
+        thread.join(timeout=10)
+
+    assert len({thread for thread, *_ in acted}) > 1  # the threads did share the work
+    by_env = {}  # env -> [(t, obs the agent saw, state before, state after, action)]
+    for _, ids, obs, before, out in acted:
+        for i, env in enumerate(ids.tolist()):
+            t = int(obs[i, -frame + 1])  # the newest frame's step counter
+            after = tuple(s[i] for s in out.state)
+            by_env.setdefault(env, []).append((t, obs[i], before[0][i], after, out.action[i]))
+    assert sorted(by_env) == list(range(actors * envs))
+    for seen in by_env.values():
+        assert [t for t, *_ in seen] == list(range(steps))  # each step once, in order
+        for (_, obs, _, after, _), (_, next_obs, next_before, _, _) in itertools.pairwise(seen):
+            assert torch.equal(next_before, after[0])  # the state it left is the one it resumes
+            if stack > 1:  # the older frame of the next stack is this step's newest frame
+                assert next_obs[:frame].tolist() == obs[frame:].tolist()
+    cut = []
+    while len(queue):
+        cut.append(queue.get(1, timeout=0))
+    assert len(cut) == actors * envs * ((steps - 1) // unroll)
+    for u in cut:
+        obs, env = u.steps["obs"][:, 0], int(u.steps["obs"][0, 0, 0])
+        ts = obs[:, 1].long().tolist()
+        assert ts == list(range(ts[0], ts[0] + unroll + 1)) and (obs[:, 0] == env).all()
+        first = by_env[env][ts[0]]
+        assert torch.equal(u.initial_state[0][0], first[2])
+        actions = torch.stack([by_env[env][t][4] for t in ts])
+        assert torch.equal(u.steps["action"][:, 0], actions)
+        assert torch.equal(u.steps["prev_action"][1:, 0], actions[:-1])

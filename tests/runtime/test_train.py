@@ -340,6 +340,15 @@ def test_lstm_run_completes(tmp_path, no_leaks):
     assert summary["stop_reason"] == "total_frames" and summary["learner_steps"] > 0
 
 
+def test_several_inference_threads_serve_a_run(tmp_path, no_leaks):
+    settings = tiny_settings(tmp_path / "run", lstm=True, actors=3, inference_threads=2)
+    settings["inference_batch"] = settings["envs_per_actor"]  # one actor per request
+    summary = train(resolve([settings]))
+    assert summary["stop_reason"] == "total_frames" and summary["learner_steps"] > 0
+    shares = summary["time_shares"]["inference"]  # both threads' time, together
+    assert shares["acting"] > 0 and sum(shares.values()) == pytest.approx(1.0, abs=0.01)
+
+
 def test_crash_looping_actor_stops_the_run_with_a_clear_error(tmp_path, no_leaks):
     import gymnasium as gym
 

@@ -76,11 +76,13 @@ class Agent(Protocol):
 
 @torch.no_grad()
 def copy_parameters(src: torch.nn.Module, dst: torch.nn.Module) -> None:
-    """Copy ``src``'s parameters and buffers into ``dst`` in place (same architecture)."""
-    for s, d in zip(src.parameters(), dst.parameters(), strict=True):
-        d.copy_(s, non_blocking=True)
-    for s, d in zip(src.buffers(), dst.buffers(), strict=True):
-        d.copy_(s, non_blocking=True)
+    """Copy ``src``'s parameters and buffers into ``dst`` in place (same architecture), in one
+    op: the learner publishes after every step, holding the lock inference acts under."""
+    sources, targets = [*src.parameters(), *src.buffers()], [*dst.parameters(), *dst.buffers()]
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} parameters and buffers to copy into {len(targets)}")
+    if targets:
+        torch._foreach_copy_(targets, sources, non_blocking=True)
 
 
 def acting_copy(network: torch.nn.Module) -> torch.nn.Module:
@@ -104,14 +106,36 @@ def optimizer_step(
     sync = getattr(optimizer, "sync_gradients", None)  # a replicated learner's (wrap_optimizer)
     if sync is not None:
         sync()  # average over replicas before clipping, so the clip sees the whole batch's
-    params = network.parameters()
     limit = float("inf") if max_grad_norm is None else max_grad_norm
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, limit)
+    grad_norm = clip_grad_norm(list(network.parameters()), limit)
     optimizer.step()
-    metrics = {name: float(value.detach()) for name, value in terms.items()}
-    metrics["loss"] = float(loss.detach())
-    metrics["grad_norm"] = float(grad_norm)
-    return metrics
+    names = (*terms, "loss", "grad_norm")
+    values = torch.stack([*terms.values(), loss, grad_norm]).detach().tolist()  # one read
+    return dict(zip(names, values, strict=True))
+
+
+@torch.no_grad()
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_(params, max_norm)``: scale the gradients so that their
+    total 2-norm is at most ``max_norm``; return the norm before scaling.
+
+    The same ops on the same values as torch's (its foreach path), without the grouping by
+    device and dtype it repeats on every call, which cost a small network's learner step more
+    than the clipping itself; gradients of several devices or dtypes go to torch's.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    first = grads[0]
+    if any(
+        type(g) is not torch.Tensor or g.device != first.device or g.dtype != first.dtype
+        for g in grads
+    ):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    total_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    clip_coef = float(max_norm) / (total_norm + 1e-6)
+    torch._foreach_mul_(grads, torch.clamp(clip_coef, max=1.0))
+    return total_norm
 
 
 class ReplayLearner:

@@ -32,6 +32,7 @@ restarted env needs ``done`` on its next step (central inference forces it).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -48,15 +49,18 @@ class FrameStacks:
 
     A ring per env, made once (at the first push, which gives the frame's shape): a step writes
     each env's newest frame over its oldest, one indexed write for the batch, then reads the
-    stacks out oldest first into a buffer made once. A frame that starts an episode is not
-    copied k times: the env's count of frames in its episode (``_age``) clamps the read to it,
-    which gives the wrappers' reset padding (the first frame repeated).
+    stacks out oldest first into a buffer made once per calling thread (threads that push for
+    different envs, as central inference's serving threads do, each read into their own). A
+    frame that starts an episode is not copied k times: the env's count of frames in its
+    episode (``_age``) clamps the read to it, which gives the wrappers' reset padding (the
+    first frame repeated).
     """
 
     def __init__(self, depth: int, num_slots: int, device: torch.device) -> None:
         self.depth, self.num_slots, self.device = depth, num_slots, device
         self._frames: torch.Tensor | None = None  # [num_slots * depth, *frame]: slot-major rings
-        self._out: torch.Tensor | None = None  # [num_slots * depth, *frame]: the stacks read out
+        self._local = threading.local()  # .out, [num_slots * depth, *frame]: the stacks read out
+        self._making = threading.Lock()
         self._pos = torch.zeros(num_slots, dtype=torch.int64, device=device)  # newest frame's
         self._age = torch.zeros(num_slots, dtype=torch.int64, device=device)  # 1 .. depth
         self._back = torch.arange(depth - 1, -1, -1, device=device)  # stack slot -> steps back
@@ -64,11 +68,15 @@ class FrameStacks:
     def push(self, slots: torch.Tensor, frames: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """Add ``frames`` [k, c, ...] of ``slots`` [k] (``starts`` [k] bool: they begin an
         episode), all on ``device``; return their stacks [k, depth * c, ...], a view of a buffer
-        that the next push overwrites."""
+        that the calling thread's next push overwrites."""
         if self._frames is None:
-            shape = (self.num_slots * self.depth, *frames.shape[1:])
-            self._frames = torch.zeros(shape, dtype=frames.dtype, device=self.device)
-            self._out = torch.empty_like(self._frames)
+            with self._making:
+                if self._frames is None:
+                    shape = (self.num_slots * self.depth, *frames.shape[1:])
+                    self._frames = torch.zeros(shape, dtype=frames.dtype, device=self.device)
+        buffer = getattr(self._local, "out", None)
+        if buffer is None:
+            buffer = self._local.out = torch.empty_like(self._frames)
         depth = self.depth
         pos = (self._pos[slots] + 1) % depth
         age = torch.where(starts, 1, (self._age[slots] + 1).clamp(max=depth))
@@ -76,7 +84,7 @@ class FrameStacks:
         self._frames[slots * depth + pos] = frames
         back = torch.minimum(self._back, age[:, None] - 1)  # [k, depth]: not past the start
         rows = (slots[:, None] * depth + (pos[:, None] - back) % depth).flatten()
-        out = self._out[: rows.numel()]
+        out = buffer[: rows.numel()]
         torch.index_select(self._frames, 0, rows, out=out)
         return out.view(len(slots), -1, *frames.shape[2:])
 
@@ -145,20 +153,27 @@ class ActingTable:
         if slots is None:
             prev_action, state, here = self.prev_action, self.state, self._every
         else:
-            here = slots.to(self.device)
-            prev_action = self.prev_action[slots]
+            here = self._here(slots)
+            # Gathered by numpy: a torch call would let another thread take the interpreter.
+            prev_action = torch.from_numpy(self.prev_action.numpy()[slots.numpy()])
             state = tuple(table[here] for table in self.state)
-        obs, done = obs.to(self.device, non_blocking=True), done.to(self.device)
+        obs, done = self._here(obs, non_blocking=True), self._here(done)
         if self.stacks is not None:
             obs = self.stacks.push(here, obs, done)
         step = StepInput(
             obs=obs,
-            prev_action=prev_action.to(self.device),
-            reward=reward.to(self.device),
+            prev_action=self._here(prev_action),
+            reward=self._here(reward),
             done=done,
-            env_ids=here if env_ids is None else env_ids.to(self.device),
+            env_ids=here if env_ids is None else self._here(env_ids),
         )
         return step, state
+
+    def _here(self, tensor: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        """``tensor`` on the acting device (itself if it is there already)."""
+        if tensor.device == self.device:
+            return tensor
+        return tensor.to(self.device, non_blocking=non_blocking)
 
     def record(
         self, slots: torch.Tensor | None, action: torch.Tensor, state: State | None = None
@@ -170,8 +185,9 @@ class ActingTable:
             if state is not None:
                 self.state = tuple(state)
             return
-        self.prev_action[slots] = action.to(_CPU)
+        action = action if action.device == _CPU else action.cpu()
+        self.prev_action.numpy()[slots.numpy()] = action.numpy()
         if state:
-            here = slots.to(self.device)
+            here = self._here(slots)
             for table, rows in zip(self.state, state, strict=True):
                 table[here] = rows

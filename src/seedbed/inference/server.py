@@ -11,6 +11,12 @@ With ``frame_stack`` k > 1 (``EnvSpec.learner_stack``) actors send one frame per
 the acting table keeps each env's stack on the acting device and the agent acts on the stacks,
 while unrolls keep the frames once (``seedbed.framestack``). A restarted actor's envs start over
 as at an episode start, since the server forces ``done`` for them.
+
+Several threads may ``serve`` at once (``--inference-threads``): one receives while another
+acts or answers. Each takes whole requests, and an actor sends its next step only once its last
+is answered, so an env is only ever in one thread's hands, and the per-env tables and unroll
+rows each thread writes are its own; acting holds the parameters' lock, so the threads act one
+at a time on parameters that no publish is writing.
 """
 
 from __future__ import annotations
@@ -23,9 +29,9 @@ import torch
 
 from seedbed.agents.base import Agent, copy_parameters
 from seedbed.inference.acting import ActingTable
-from seedbed.inference.unrolls import UnrollBuilder
+from seedbed.inference.unrolls import UnrollBuilder, env_rows
 from seedbed.quantize import quantize_for_inference
-from seedbed.telemetry import Stopwatch
+from seedbed.telemetry import Stopwatch, combined_shares
 from seedbed.transport.base import Request, ServerTransport
 from seedbed.types import Buffer
 
@@ -52,6 +58,11 @@ def _acted(
     action, version = extras.pop("action"), extras.pop("version")
     state = tuple(extras.pop(f"state{i}") for i in range(state_size))
     return action, extras, state, version
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor sharing ``array``'s memory (copied only where numpy may not be written)."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
 class InferenceServer:
@@ -90,16 +101,18 @@ class InferenceServer:
         self.net = agent.acting_network()
         self.version = 0
         self.stats = InferenceStats()
-        # Where this thread's time goes; "bookkeeping" is inputs, unrolls and replies.
-        self.stopwatch = Stopwatch()
+        self._watches: list[Stopwatch] = []  # one per serving thread: ``stopwatch``
+        self._local = threading.local()
         self.table = ActingTable(
             agent.initial_state, num_envs, action_shape, action_dtype, self.device, frame_stack
         )
-        self._run_id = torch.full((num_envs,), -1, dtype=torch.int64)
+        self._run_id = np.full(num_envs, -1, np.int64)
         self._ep_return = np.zeros(num_envs, np.float64)
         self._ep_length = np.zeros(num_envs, np.int64)
+        self._env_ids = np.arange(num_envs)
         self._params_lock = threading.Lock()
         self._stats_lock = threading.Lock()
+        self._recv_lock = threading.Lock()  # one serving thread receives at a time
 
     def publish(self, network: torch.nn.Module, version: int) -> None:
         """Act with ``network``'s parameters from now on (called by the learner)."""
@@ -118,33 +131,60 @@ class InferenceServer:
             stats, self.stats = self.stats, InferenceStats(frames=self.stats.frames)
         return stats
 
+    @property
+    def stopwatch(self) -> Stopwatch:
+        """Where the calling thread's time goes ("bookkeeping" is inputs, unrolls and
+        replies): each serving thread books into its own."""
+        watch = getattr(self._local, "watch", None)
+        if watch is None:
+            watch = self._local.watch = Stopwatch()
+            with self._stats_lock:
+                self._watches.append(watch)
+        return watch
+
+    def time_shares(self) -> dict[str, float]:
+        """Where the serving threads' time went, all of them together."""
+        with self._stats_lock:
+            watches = list(self._watches)
+        return combined_shares(watches)
+
     def serve(self, stop: threading.Event) -> None:
-        """Answer requests until ``stop`` is set."""
+        """Answer requests until ``stop`` is set; several threads may serve at once."""
+        watch = self.stopwatch
         while not stop.is_set():
-            request = self.transport.recv(self.max_batch, self.timeout_s)
-            self.stopwatch.lap("waiting_for_requests")
+            with self._recv_lock:  # waiting for the lock is waiting for requests too
+                request = self.transport.recv(self.max_batch, self.timeout_s)
+            watch.lap("waiting_for_requests")
             if request is not None:
                 self.step(request, stop)
 
     def step(self, request: Request, stop: threading.Event | None = None) -> None:
-        """Act for one batched request, record it into unrolls, then answer it."""
-        ids = torch.from_numpy(np.ascontiguousarray(request.env_ids))
-        run_id = torch.from_numpy(np.ascontiguousarray(request.run_id))
-        restarted = self._run_id[ids] != run_id
-        done = torch.from_numpy(np.array(request.done, dtype=np.bool_)) | restarted
-        truncated = torch.from_numpy(np.array(request.truncated, dtype=np.bool_)) & ~restarted
-        if restarted.any():
-            self._reset(ids[restarted], run_id[restarted])
-        reward = torch.from_numpy(np.array(request.reward, dtype=np.float32))
-        self._count_episodes(request, restarted.numpy())
+        """Act for one batched request, record it into unrolls, then answer it.
 
-        obs = torch.from_numpy(request.obs)
-        prev_action = self.table.prev_action[ids]  # a copy: acting replaces the table's
+        The bookkeeping is numpy on views of the request's rows (an actor's envs are one
+        slice of every table); torch appears only where the agent acts. Everything the step
+        reads from the request is copied into the unroll buffers before the answer, since an
+        answered actor overwrites its rows.
+        """
+        ids, rows = env_rows(request.env_ids)
+        run_id = np.asarray(request.run_id, np.int64)
+        restarted = self._run_id[rows] != run_id
+        done = np.asarray(request.done, np.bool_)
+        truncated = np.asarray(request.truncated, np.bool_)
+        reward = np.asarray(request.reward, np.float32)
+        if restarted.any():
+            done, truncated = done | restarted, truncated & ~restarted
+            self._reset(ids[restarted], run_id[restarted])
+            self._count_episodes(ids[~restarted], reward[~restarted], done[~restarted], len(ids))
+        else:
+            self._count_episodes(rows, reward, done, len(ids))
+        obs = request.obs
+        prev_action = self.table.prev_action.numpy()[ids]  # a copy: acting replaces the table's
         if request.acted is None:
             action, extras, state, version = self._act(ids, obs, reward, done)
         else:
             action, extras, state, version = _acted(request.acted, len(self.table.state))
-            self.table.record(ids, action)  # the actors keep their recurrent state themselves
+            self.table.record(torch.from_numpy(ids), action)  # actors keep their own state
         record = {
             # Copied into the unroll buffers before the actor may overwrite it; with frame_stack,
             # only the newest frame, which is all the actor sent.
@@ -158,54 +198,61 @@ class InferenceServer:
         }
         unrolls = self.builder.append(ids, record, state, version)
         self.transport.send(request, action.numpy())
-        self.stopwatch.lap("bookkeeping")
+        watch = self.stopwatch
+        watch.lap("bookkeeping")
         if unrolls is not None:
             while not self.queue.put(unrolls, timeout=0.1):
                 if stop is None or stop.is_set():
                     return
-            self.stopwatch.lap("waiting_for_queue_space")
+            watch.lap("waiting_for_queue_space")
 
     def _act(
-        self, ids: torch.Tensor, obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor
+        self, ids: np.ndarray, obs: np.ndarray, reward: np.ndarray, done: np.ndarray
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[torch.Tensor, ...], int]:
         """Central inference for these envs: their actions, the agent's extras and the state
         they acted from (on the CPU), and the parameter version that acted. The acting table
         keeps their actions and next state."""
-        step, state = self.table.inputs(ids, obs, reward, done)
-        self.stopwatch.lap("bookkeeping")
+        slots, watch = torch.from_numpy(ids), self.stopwatch
+        step, state = self.table.inputs(slots, _tensor(obs), _tensor(reward), _tensor(done))
+        watch.lap("bookkeeping")
         with self._params_lock:
-            self.stopwatch.lap("waiting_for_parameters")
+            watch.lap("waiting_for_parameters")
             out = self.agent.act(self.net, step, state)
             version = self.version
         action = out.action.cpu()
-        self.stopwatch.lap("acting")
-        self.table.record(ids, action, out.state)
+        watch.lap("acting")
+        self.table.record(slots, action, out.state)
         extras = {k: v.cpu() for k, v in out.extras.items()}
         return action, extras, tuple(s.cpu() for s in state), version
 
-    def _reset(self, env_ids: torch.Tensor, run_ids: torch.Tensor) -> None:
+    def _reset(self, env_ids: np.ndarray, run_ids: np.ndarray) -> None:
         """An actor (re)started: its envs begin anew, with no state and no partial unroll."""
         self._run_id[env_ids] = run_ids
-        self.table.reset(env_ids)
+        self.table.reset(torch.from_numpy(env_ids))
         self.builder.reset(env_ids)
-        self._ep_return[env_ids.numpy()] = 0.0
-        self._ep_length[env_ids.numpy()] = 0
+        self._ep_return[env_ids] = 0.0
+        self._ep_length[env_ids] = 0
         with self._stats_lock:
             self.stats.resets += len(env_ids)
 
-    def _count_episodes(self, request: Request, restarted: np.ndarray) -> None:
-        """Raw (unclipped) returns of the episodes that ended with this step."""
-        ids = np.asarray(request.env_ids)[~restarted]
-        done = np.asarray(request.done)[~restarted]
-        self._ep_return[ids] += np.asarray(request.reward)[~restarted]
-        self._ep_length[ids] += 1
-        ended = ids[done]
+    def _count_episodes(
+        self, rows: slice | np.ndarray, reward: np.ndarray, done: np.ndarray, served: int
+    ) -> None:
+        """Raw (unclipped) returns of the episodes that ended with this step, for the envs at
+        ``rows`` (a restarted env's first step counts for nothing); ``served``: all envs."""
+        self._ep_return[rows] += reward
+        self._ep_length[rows] += 1
+        counted = len(reward)
+        ended = None
+        if done.any():
+            ended = self._env_ids[rows][done]
         with self._stats_lock:
-            self.stats.frames += len(ids) * self.frames_per_step
+            self.stats.frames += counted * self.frames_per_step
             self.stats.batches += 1
-            self.stats.batch_envs += len(request.env_ids)
-            if len(ended):
+            self.stats.batch_envs += served
+            if ended is not None:
                 self.stats.episode_returns.extend(self._ep_return[ended].tolist())
                 self.stats.episode_lengths.extend(self._ep_length[ended].tolist())
-        self._ep_return[ended] = 0.0
-        self._ep_length[ended] = 0
+        if ended is not None:
+            self._ep_return[ended] = 0.0
+            self._ep_length[ended] = 0

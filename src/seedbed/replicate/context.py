@@ -71,6 +71,8 @@ class ReplicaContext:
         ``mean`` divides the sum by ``num_replicas``; for integer leaves it is float64.
         """
         red = _reduce_op(op)
+        if not self._distributed and op != "mean":
+            return self._alone(tree)  # the learner's every step: skip the copies
 
         def reduce(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
             flat = torch.cat([t.reshape(-1) for t in tensors])
@@ -103,6 +105,8 @@ class ReplicaContext:
         """Replica ``src``'s leaves, on every replica (e.g. to start from the same weights)."""
         if not 0 <= src < self.num_replicas:
             raise ValueError(f"src must be a replica id below {self.num_replicas}, got {src}")
+        if not self._distributed:
+            return self._alone(tree)
 
         def send(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
             flat = torch.cat([t.reshape(-1) for t in tensors])
@@ -287,6 +291,19 @@ class ReplicaContext:
             for p in group["params"]
             if id(p) not in self._ddp_params
         ]
+
+    def _alone(self, tree: Any) -> Any:
+        """What a sum, min, max or broadcast gives a replica with no group: its own leaves
+        (tensors detached), as ``_per_dtype`` would return them, without the copies."""
+
+        def leaf(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return x.detach()
+            if x is None or isinstance(x, numbers.Number):
+                return x
+            raise TypeError(f"collectives take tensors and numbers, got {type(x).__name__}")
+
+        return pytree.tree_map(leaf, tree)
 
     def _per_dtype(self, tree: Any, fn: Callable, numbers_allowed: bool = True) -> Any:
         """Apply ``fn`` to the tree's leaves of each dtype at once, then rebuild the tree.

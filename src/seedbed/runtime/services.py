@@ -83,7 +83,7 @@ class Services:
         default_factory=lambda: np.zeros((0, 2)), init=False
     )
     threads_used: dict[str, int] = dataclasses.field(default_factory=dict, init=False)
-    _serving: threading.Thread | None = dataclasses.field(default=None, init=False)
+    _serving: list[threading.Thread] = dataclasses.field(default_factory=list, init=False)
 
     def start(self, ctx: Any, processes: contextlib.ExitStack, learner_steps: int) -> None:
         """Make the buffer, transport, servers and actors (``go`` starts them), the policy
@@ -131,19 +131,26 @@ class Services:
         processes.callback(transport.close)  # before the gateway's stop (closing twice is fine)
         processes.callback(self._keep_actor_times, transport)
         stop = threading.Event()
-        serving = threading.Thread(
-            target=self._serve, args=(server, stop), name="inference", daemon=True
-        )
+        serving = [
+            threading.Thread(
+                target=self._serve,
+                args=(server, stop),
+                name="inference" if i == 0 else f"inference-{i}",
+                daemon=True,
+            )
+            for i in range(cfg.inference_threads)
+        ]
         self.supervisor, self.server, self.buffer = supervisor, server, queue
         processes.callback(supervisor.stop)
         processes.callback(self._stop_serving, stop, queue, serving)
         self._serving = serving
 
     def go(self) -> None:
-        """Start the actors, the inference thread and the gateway; the calling thread, the
+        """Start the actors, the inference threads and the gateway; the calling thread, the
         learner's, takes its own torch thread count."""
         self.supervisor.start()
-        self._serving.start()
+        for thread in self._serving:
+            thread.start()
         if self.gateway is not None:
             self.gateway.start()
         torch.set_num_threads(self.threads["learner"])  # this thread's, not inference's
@@ -169,14 +176,15 @@ class Services:
         )
 
     def _stop_serving(
-        self, stop: threading.Event, queue: Buffer, serving: threading.Thread
+        self, stop: threading.Event, queue: Buffer, serving: list[threading.Thread]
     ) -> None:
         self.threads_used["learner"] = torch.get_num_threads()
         torch.set_num_threads(self.threads["inference"])  # the caller's thread as it was
         stop.set()
         queue.close()
-        if serving.ident is not None:  # not started when an actor could not be launched
-            serving.join(timeout=10)
+        for thread in serving:
+            if thread.ident is not None:  # not started when an actor could not be launched
+                thread.join(timeout=10)
 
     def _transport_spec(self, acted: Fields) -> TransportSpec:
         """What the server carries: every actor slot's envs, as actors send them (one frame
@@ -196,7 +204,7 @@ class Services:
         self.actor_times = transport.actor_times()
 
     def _serve(self, server: InferenceServer, stop: threading.Event) -> None:
-        """The inference thread, with its own torch thread count, not the learner's."""
+        """An inference thread, with its own torch thread count, not the learner's."""
         # torch sets a thread's count up at its first use, to the count set last in any thread,
         # and that would undo a count set before it: use it first.
         torch.get_num_threads()

@@ -116,5 +116,5 @@ def time_shares(services: Services, learner: LearnerLoop) -> dict[str, dict[str,
         if total
         else {}
     )
-    inference = services.server.stopwatch.shares() if services.server else {}
+    inference = services.server.time_shares() if services.server else {}
     return {"actors": actors, "inference": inference, "learner": learner.stopwatch.shares()}

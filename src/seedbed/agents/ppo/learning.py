@@ -51,12 +51,15 @@ def gae(
     """
     next_values = torch.cat([values[1:], bootstrap_value[None]])
     deltas = rewards + discounts * next_values - values
-    advantages = torch.empty_like(deltas)
-    running = torch.zeros_like(bootstrap_value)
-    for t in range(len(deltas) - 1, -1, -1):
-        running = deltas[t] + discounts[t] * lambda_ * running
-        advantages[t] = running
-    return advantages
+    # The recursion step by step, as written above (a scan would round differently), with the
+    # per-step rows taken and the results stacked once rather than indexed at every step.
+    running, backwards = torch.zeros_like(bootstrap_value), []
+    for delta, decay in zip(
+        deltas.unbind(0)[::-1], (discounts * lambda_).unbind(0)[::-1], strict=True
+    ):
+        running = delta + decay * running
+        backwards.append(running)
+    return torch.stack(backwards[::-1])
 
 
 def batch_targets(
@@ -64,8 +67,9 @@ def batch_targets(
 ) -> dict[str, torch.Tensor]:
     """What every minibatch of ``batch`` (its observations prepared: ``prepared``) is learned
     against, each ``[T, B]``: advantages, value targets, the values before the update, the
-    log-probabilities of the policy the ratio is taken against (``anchor``) and each step's
-    weight for the lag between the acting policy and that one (1 when it is the acting one)."""
+    log-probabilities of the policy the ratio is taken against (``anchor``) and, with
+    ``clip_against=learner``, each step's weight for the lag between the acting policy and that
+    one (``lag_weight``; against the acting policy it would be all ones, and is left out)."""
     s = batch.steps
     with torch.no_grad():
         params, values, _ = net(
@@ -80,17 +84,11 @@ def batch_targets(
             returns = advantages + values[:-1]
         values = values[:-1]
         anchor = acted = policy.log_prob(policy.behaviour(s)[:-1], s)
-        lag_weight = torch.ones_like(acted)
+        targets = {"advantages": advantages, "returns": returns, "values": values}
         if config.clip_against == "learner":
             anchor = policy.log_prob(params[:-1].float(), s)
-            lag_weight = (anchor - acted).exp().clamp(max=config.clip_pg_rho)
-    return {
-        "advantages": advantages,
-        "returns": returns,
-        "values": values,
-        "anchor": anchor,
-        "lag_weight": lag_weight,
-    }
+            targets["lag_weight"] = (anchor - acted).exp().clamp(max=config.clip_pg_rho)
+    return {**targets, "anchor": anchor}
 
 
 def ppo_loss(
@@ -115,23 +113,26 @@ def ppo_loss(
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     eps = config.clip_ratio
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
-    surrogate = targets["lag_weight"] * surrogate
+    if "lag_weight" in targets:
+        surrogate = targets["lag_weight"] * surrogate
     value_error = (values - targets["returns"]).pow(2)
     if config.value_clip is not None:
         before = targets["values"]
         clipped = before + (values - before).clamp(-config.value_clip, config.value_clip)
         value_error = torch.max(value_error, (clipped - targets["returns"]).pow(2))
+    scale = value_scale(net)
+    if isinstance(scale, torch.Tensor):  # PopArt: in units of the targets' deviation
+        value_error = value_error / scale**2
     terms = {
         "loss_policy": -surrogate.mean(),
-        "loss_baseline": config.baseline_cost * 0.5 * (value_error / value_scale(net) ** 2).mean(),
+        "loss_baseline": config.baseline_cost * 0.5 * value_error.mean(),
         "loss_entropy": -config.entropy_cost * policy.entropy(params).mean(),
     }
     with torch.no_grad():  # Schulman's low-variance estimator of KL(anchor || current)
-        stats = {
-            "approx_kl": float(((ratio - 1) - log_ratio).mean()),
-            "clip_fraction": float(((ratio - 1).abs() > eps).float().mean()),
-        }
-    return terms, stats
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+        clip_fraction = ((ratio - 1).abs() > eps).float().mean()
+        kl, clipped = torch.stack([approx_kl, clip_fraction]).tolist()  # one read
+    return terms, {"approx_kl": kl, "clip_fraction": clipped}
 
 
 def prepared(net: ActorCriticNet, batch: Unrolls) -> Unrolls:
@@ -141,13 +142,16 @@ def prepared(net: ActorCriticNet, batch: Unrolls) -> Unrolls:
     return Unrolls(steps, batch.initial_state, batch.policy_version)
 
 
-def _select(batch: Unrolls, rows: torch.Tensor) -> Unrolls:
-    """The unrolls ``rows`` of ``batch``, with their start states."""
-    return Unrolls(
+def _select(
+    batch: Unrolls, targets: dict[str, torch.Tensor], rows: torch.Tensor
+) -> tuple[Unrolls, dict[str, torch.Tensor]]:
+    """The unrolls ``rows`` of ``batch``, with their start states, and their targets."""
+    part = Unrolls(
         {k: v[:, rows] for k, v in batch.steps.items()},
         tuple(s[rows] for s in batch.initial_state),
         batch.policy_version[rows.cpu()],
     )
+    return part, {k: v[:, rows] for k, v in targets.items()}
 
 
 class PPOAgent(VTraceAgent):
@@ -198,8 +202,7 @@ class PPOAgent(VTraceAgent):
             order = torch.randperm(batch.batch_size, generator=self.shuffles).to(self.device)
             chunks = order.chunk(cfg.minibatches)
             for rows in chunks:
-                minibatch = {k: v[:, rows] for k, v in targets.items()}
-                part = _select(batch, rows)
+                part, minibatch = _select(batch, targets, rows)
                 terms, stats = ppo_loss(self.network, part, minibatch, cfg, self.policy)
                 metrics = optimizer_step(self.network, self.optimizer, terms, cfg.max_grad_norm)
                 for key, value in {**metrics, **stats}.items():
