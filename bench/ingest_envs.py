@@ -14,37 +14,24 @@ Both have Pong's 6 actions. This module must be importable where the learner run
 
 from __future__ import annotations
 
-from typing import Any
-
 import gymnasium as gym
 import numpy as np
+
+from seedbed.envs.noop import NoopEnv
 
 STACKED_ID = "ingest/Stacked84-v0"
 NEWEST_ID = "ingest/Newest84-v0"
 
 
-class FramesEnv(gym.Env):
-    """Black uint8 frames ``[frames, 84, 84]``, 6 actions, episodes of 100 steps."""
+class FramesEnv(NoopEnv):
+    """seedbed's no-op env with black uint8 frames ``[frames, 84, 84]`` and Pong's 6 actions."""
 
     action_space = gym.spaces.Discrete(6)
-    episode_length = 100
 
     def __init__(self, frames: int = 4, render_mode: str | None = None) -> None:
+        super().__init__(render_mode)
         self.observation_space = gym.spaces.Box(0, 255, (frames, 84, 84), np.uint8)
-        self.render_mode = render_mode
         self._obs = np.zeros(self.observation_space.shape, np.uint8)
-        self._t = 0
-
-    def reset(
-        self, *, seed: int | None = None, options: dict | None = None
-    ) -> tuple[np.ndarray, dict]:
-        super().reset(seed=seed)
-        self._t = 0
-        return self._obs, {}
-
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
-        self._t += 1
-        return self._obs, 0.0, self._t >= self.episode_length, False, {}
 
 
 for _id, _frames in ((STACKED_ID, 4), (NEWEST_ID, 1)):
