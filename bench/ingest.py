@@ -33,7 +33,8 @@ line per point), over a window of ``--seconds`` after ``--warmup-s``:
 Sizes: ``cartpole`` (CartPole-v1's spec: 4 float32), ``atari`` (uint8 4x84x84, the 4 stacked
 frames seedbed's Atari sends) and ``atari1`` (uint8 1x84x84: the bytes ``--frame-stack-on
 learner`` sends; the learner here keeps no stacks, so this measures the wire and ingest, not
-the stack table). The Atari sizes are ``bench/ingest_envs.py``'s ids: the learner reads only the spec.
+the stack table). The Atari sizes are ``bench/ingest_envs.py``'s ids: the learner reads only
+the spec.
 The learner is V-trace on the smallest MLP seedbed builds (``--hidden-sizes 1``: one unit, some
 28k multiply-adds per Atari frame, which a real learner would spend on its accelerator), with
 one torch thread for inference and one for learning; flags after ``--`` go to ``seedbed train``.

@@ -76,6 +76,10 @@ class TrainConfig:
     )
     queue_size: int = setting(32, "most full unrolls waiting for the learner (backpressure)")
     total_frames: int = setting(5_000_000, "stop after this many environment frames")
+    lr_schedule: Literal["constant", "linear"] = setting(
+        "constant",
+        "every learning rate over the run: constant, or falling linearly to 0 at --total-frames",
+    )
     target_return: float | None = setting(
         475.0, "stop once the mean return of the last 100 episodes reaches this (none: never)"
     )

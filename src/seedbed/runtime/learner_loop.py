@@ -19,6 +19,7 @@ import torch
 from seedbed.framestack import restack
 from seedbed.inference.server import InferenceStats
 from seedbed.replicate import ReplicaContext
+from seedbed.runtime.lr_schedule import LearningRates
 from seedbed.runtime.progress import Progress
 from seedbed.runtime.replica_stats import merge_stats
 from seedbed.runtime.rundir import RunFiles
@@ -49,6 +50,10 @@ class LearnerLoop:
         # checkpoint's, which holds that row's counters.
         self._row_frames = progress.frames
         self._row_batches = np.zeros(2, np.int64)  # inference batches and envs since that row
+        layout = services.layout
+        self.learning_rates = LearningRates(
+            self.agent.optimizers(), layout.lr_schedule, layout.total_frames
+        )
 
     def run(self, start: float, save: Callable[[float], Any]) -> str:
         """Learn until a stop rule or a stop request; return why (``target_return``,
@@ -97,6 +102,8 @@ class LearnerLoop:
         # Frames stored once (--frame-stack-on learner) become stacks here, on the learner's
         # device, so no agent knows where the stacks were built.
         batch = restack(batch.to(self.replica.device))
+        # Frames as of the last row, the same on every replica (merged), so rates stay equal.
+        lr_fraction = self.learning_rates.update(progress.frames)
         metrics = self.agent.learn(batch)
         self.services.buffer.learned(batch)
         watch.lap("learning")
@@ -104,7 +111,7 @@ class LearnerLoop:
         self.services.publisher.publish(progress.learner_steps, batch)
         watch.lap("publishing")
         policy_lag = (progress.learner_steps - 1 - batch.policy_version).float().mean()
-        self.metrics.add(metrics, policy_lag)
+        self.metrics.add({**metrics, "lr_fraction": lr_fraction}, policy_lag)
 
     def log_row(self, elapsed: float) -> str | None:
         """Take every replica's counters, log one row (replica 0), and say whether to stop.
@@ -151,7 +158,8 @@ class MetricsWindow:
     """Learner metrics averaged over one logging interval."""
 
     def __init__(self, wall_s: float, keys: tuple[str, ...]) -> None:
-        self._keys = (*keys, "policy_lag")  # fixed up front: they are the CSV's columns
+        # Fixed up front: they are the CSV's columns.
+        self._keys = (*keys, "policy_lag", "lr_fraction")
         self._sums: dict[str, float] = {}
         self._count = 0
         self._last_wall = wall_s
