@@ -42,7 +42,6 @@ class LearningRates:
     def update(self, frames: int) -> float:
         """Set the rates for ``frames``; return the fraction set."""
         fraction = lr_fraction(self._schedule, frames, self._total)
-        if self._schedule != "constant":
-            for group in self._groups:
-                group["lr"] = group["initial_lr"] * fraction
+        for group in self._groups:
+            group["lr"] = group["initial_lr"] * fraction
         return fraction
