@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import psutil
 import pytest
 
 
@@ -35,7 +36,6 @@ def leaked_shm(before: set[str]) -> set[str]:
     Another seedbed run beside the suite (or another test session) makes and frees blocks of its
     own meanwhile; while it runs, its processes map or hold them open, so they are not counted.
     """
-    import psutil
 
     new = shm_blocks() - before
     if not new:
@@ -59,23 +59,56 @@ def leaked_shm(before: set[str]) -> set[str]:
     return new - held
 
 
+def workers(parent: psutil.Process | None = None, recursive: bool = False) -> list[psutil.Process]:
+    """The live processes under ``parent`` (this one by default), less multiprocessing's
+    resource tracker. A process that exits or turns zombie while it is looked at is left out:
+    a zombie has no command line, and asking for one raises."""
+    found = []
+    for p in (parent or psutil.Process()).children(recursive=recursive):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(
+                p.cmdline()
+            ):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def alive(processes: list[psutil.Process]) -> list[int]:
+    """The pids among ``processes`` still running, zombies aside."""
+
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    return [p.pid for p in processes if running(p)]
+
+
+@pytest.fixture(autouse=True)
+def reap_children():
+    """Kill whatever a test left running, so that one failing test stays one failure: a
+    training it started and never stopped would otherwise fail every later leak check and
+    slow the rest of the suite. ``no_leaks`` reports such processes before this runs."""
+    yield
+    left = workers(recursive=True)
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(left, timeout=10)
+
+
 @pytest.fixture
 def no_leaks():
     """Fail if the test leaves shared-memory blocks or child processes behind."""
-    import psutil
-
     before = shm_blocks()
     yield
     leaked = leaked_shm(before)
     assert not leaked, f"leaked shared memory: {leaked}"
-    children = [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if p.is_running()
-        and p.status() != psutil.STATUS_ZOMBIE
-        and "resource_tracker" not in " ".join(p.cmdline())
-    ]
-    assert not children, f"orphan processes: {[p.cmdline() for p in children]}"
+    orphans = workers(recursive=True)
+    assert not orphans, f"orphan processes: {[p.pid for p in orphans]}"
 
 
 def interruptible() -> None:

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import interruptible, leaked_shm, shm_blocks, tiny_settings
+from tests.conftest import alive, interruptible, leaked_shm, shm_blocks, tiny_settings, workers
 
 
 def seedbed(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -190,8 +190,8 @@ def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, signum, replicas):
     while not (run / "metrics.csv").is_file() and time.time() < deadline:
         time.sleep(0.1)
     time.sleep(1.0)
-    children = psutil.Process(proc.pid).children(recursive=True)
-    assert len([c for c in children if "resource_tracker" not in " ".join(c.cmdline())]) >= 2
+    children = workers(psutil.Process(proc.pid), recursive=True)
+    assert len(children) >= 2
     if replicas > 1:
         os.killpg(proc.pid, getattr(signal, signum))
     else:
@@ -202,8 +202,7 @@ def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, signum, replicas):
     assert summary["stop_reason"] == "interrupted"
     assert summary["learner_replicas"] == replicas
     time.sleep(0.5)
-    alive = [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"orphan processes: {alive}"
+    assert not alive(children), f"orphan processes: {alive(children)}"
     leaked = leaked_shm(shm_before)
     assert not leaked, f"leaked shared memory: {leaked}"
 
@@ -229,7 +228,7 @@ def test_a_killed_learner_replica_stops_the_run_with_a_clear_error(tmp_path):
     while not (run / "metrics.csv").is_file() and time.time() < deadline:
         time.sleep(0.1)
     launcher = psutil.Process(proc.pid)
-    replicas = [c for c in launcher.children() if "resource_tracker" not in " ".join(c.cmdline())]
+    replicas = workers(launcher)
     assert len(replicas) == 2
     everyone = launcher.children(recursive=True)
     os.kill(replicas[1].pid, signal.SIGKILL)
@@ -238,7 +237,6 @@ def test_a_killed_learner_replica_stops_the_run_with_a_clear_error(tmp_path):
     lines = [line for line in err.splitlines() if line.startswith("seedbed: error:")]
     assert lines and "replica" in lines[0], err[-3000:]
     time.sleep(0.5)
-    alive = [c.pid for c in everyone if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"orphan processes: {alive}"
+    assert not alive(everyone), f"orphan processes: {alive(everyone)}"
     leaked = leaked_shm(shm_before)
     assert not leaked, f"leaked shared memory: {leaked}"

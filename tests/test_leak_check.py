@@ -1,4 +1,4 @@
-"""The suite's leak check counts only what the test's own processes made and left behind."""
+"""The suite's leak checks count only what the test's own processes made and left behind."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import sys
 import time
 from multiprocessing import shared_memory
 
+import psutil
 import pytest
 
-from tests.conftest import leaked_shm, shm_blocks
+from tests.conftest import alive, leaked_shm, shm_blocks, workers
 
 HOLD = """
 import os, signal, sys, time
@@ -61,3 +62,23 @@ def test_a_block_this_test_left_behind_is_a_leak(foreign_block):
     finally:
         left.unlink()
     assert leaked_shm(before) == set()
+
+
+def test_a_child_that_turns_zombie_is_neither_a_worker_nor_alive():
+    """A child that exits and is not yet waited for has no command line to read: the process
+    checks leave it out rather than raise, as a spawn helper exiting mid-check once did."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 30
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.05)
+        found = {p.pid for p in workers()}
+        assert child.pid not in found and sleeper.pid in found
+        both = [psutil.Process(child.pid), psutil.Process(sleeper.pid)]
+        assert alive(both) == [sleeper.pid]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        child.wait()

@@ -31,6 +31,7 @@ from tests.conftest import (
     shm_blocks,
     tiny_settings,
     wait_for_frames,
+    workers,
 )
 from tests.test_cli import flags
 
@@ -188,7 +189,7 @@ def test_actors_killed_mid_step_are_replaced(tmp_path):
     learner = psutil.Process(proc.pid)
     kills = 0
     while kills < 3:
-        actors = [c for c in learner.children() if "resource_tracker" not in " ".join(c.cmdline())]
+        actors = workers(learner)
         if len(actors) == 2:  # both up: none is still being restarted
             rng.choice(actors).kill()
             kills += 1
