@@ -14,6 +14,7 @@ from seedbed.framestack import restack, stack_context, stack_frames
 from seedbed.inference.acting import FrameStacks
 from seedbed.inference.unrolls import UnrollBuilder
 from seedbed.replay import PrioritizedReplay, UnrollQueue
+from seedbed.resolve import resolve
 from seedbed.types import Unrolls
 
 K = 4  # frames per stack
@@ -186,3 +187,13 @@ def test_replay_stores_frames_once_and_sampled_items_restack_exactly(
         assert torch.equal(batch.steps["obs"], expected[t, env])
         if positions > 1:
             assert (t[0] % (unroll + 1 - overlap) != 0).any()  # items starting mid-row
+
+
+def test_a_million_atari_dqn_transitions_with_learner_stacks_fit_in_8_gb():
+    """Atari DQN's default layout stores unroll + 1 frames and 3 of context per row of
+    unroll - n + 1 items; the rest of a stored step is under 100 bytes (measured by the Atari
+    run in tests/runtime/test_train.py)."""
+    config = resolve([{"env": "atari:Pong", "agent": "dqn", "frame_stack_on": "learner"}])
+    layout = config.agent.layout(config.train.unroll)
+    frames_per_item = (layout.unroll + 1 + K - 1) / layout.positions
+    assert 1_000_000 * (frames_per_item * 84 * 84 + 100) < 8e9, frames_per_item

@@ -145,6 +145,11 @@ def replay(**overrides) -> PrioritizedReplay:
     return PrioritizedReplay(**settings)
 
 
+def counts(store: PrioritizedReplay) -> dict[str, int]:
+    """The replay's item counters, without the bytes of its storage."""
+    return {k: v for k, v in store.stats().items() if k != "bytes"}
+
+
 def test_items_are_the_right_windows_and_are_copies():
     store = replay(capacity=24, positions=3, window=4)
     store.put(make_unrolls(0, 5, 6))
@@ -175,11 +180,24 @@ def test_items_are_the_right_windows_and_are_copies():
     assert (batch.policy_version == ids).all()
 
 
+def test_stats_count_the_bytes_of_the_whole_ring_from_the_first_put():
+    store = replay(capacity=24, positions=3, window=4)
+    assert store.stats()["bytes"] == 0
+    store.put(make_unrolls(0, 1, 6, state=False))
+    rows, steps = 8, 6
+    # per step: obs 3 float32, frame 2x2 uint8, action int64, done bool; per row: its version
+    per_row = steps * (3 * 4 + 4 + 8 + 1) + 8
+    assert store.stats()["bytes"] == store.nbytes == rows * per_row
+    recurrent = replay(capacity=8, positions=1, window=4)
+    recurrent.put(make_unrolls(0, 1, 6, state=True))
+    assert recurrent.nbytes == 8 * (per_row + 4 * 4)  # and each row's float32 state of 4
+
+
 def test_ring_overwrites_the_oldest_rows():
     store = replay(capacity=4)
     store.put(make_unrolls(0, 3, 5))
     store.put(make_unrolls(3, 3, 5))
-    assert len(store) == 4 and store.stats() == {"items": 4, "inserted": 6, "sampled": 0}
+    assert len(store) == 4 and counts(store) == {"items": 4, "inserted": 6, "sampled": 0}
     batch = store.get(64)
     assert set(batch.policy_version.tolist()) == {2, 3, 4, 5}
     versions, generations = batch.policy_version.tolist(), batch.replay.generations.tolist()
@@ -264,7 +282,7 @@ def test_put_waits_while_sampling_is_behind():
     assert not store.put(make_unrolls(8, 1, 4), timeout=0.05)  # owed 4 > slack
     assert store.get(2) is not None  # owed 2
     assert store.put(make_unrolls(8, 1, 4), timeout=0.05)
-    assert store.stats() == {"items": 9, "inserted": 9, "sampled": 2}
+    assert counts(store) == {"items": 9, "inserted": 9, "sampled": 2}
 
 
 def test_no_rate_limit_without_samples_per_insert():

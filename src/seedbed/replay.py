@@ -271,9 +271,25 @@ class PrioritizedReplay:
         return self._filled * self._positions
 
     def stats(self) -> dict[str, int]:
-        """Items stored, inserted and sampled so far (for logging)."""
+        """Items stored, inserted and sampled so far, and the bytes of the ring's storage (for
+        logging; the ring is allocated whole at the first put)."""
         with self._cond:
-            return {"items": len(self), "inserted": self._inserted, "sampled": self._sampled}
+            return {
+                "items": len(self),
+                "inserted": self._inserted,
+                "sampled": self._sampled,
+                "bytes": self.nbytes,
+            }
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the ring's storage: steps, recurrent states, obs contexts and versions."""
+        if self._steps is None:
+            return 0
+        buffers = [*self._steps.values(), *self._states, self._versions]
+        if self._contexts is not None:
+            buffers.append(self._contexts)
+        return sum(b.numel() * b.element_size() for b in buffers)
 
     def put(self, unrolls: Unrolls, timeout: float | None = None) -> bool:
         """Store a batch of unrolls as rows; False if the rate limiter timed out or closed."""

@@ -448,5 +448,9 @@ def test_atari_run_with_stacks_kept_by_the_learner(tmp_path, no_leaks, agent, ov
     assert summary["episodes"] > 0
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert "frame_stack_on: learner" in saved
+    if agent == "dqn":  # replay keeps each frame once: 8 + 1 steps and 3 of context per 6 items
+        frame = 84 * 84
+        per_item = summary["replay"]["bytes"] / (1000 // 6 * 6)
+        assert 12 / 6 * frame < per_item < 12 / 6 * frame + 100, per_item
     result = evaluate(tmp_path / "run", episodes=1)  # its env stacks its own frames
     assert -21 <= result["mean_return"] <= 21

@@ -155,8 +155,9 @@ CONFIG_CLASS = DQNConfig
 # batches of 128 at the replay ratio of 4 learned faster per frame than batches of 32.
 RUN_DEFAULTS = {
     "classic": {"batch": 128},
-    # Unrolls share n steps: longer ones store fewer copies of each frame (20+1 per 18 items).
-    "atari": {"unroll": 20, "batch": 32},
+    # Unrolls share n steps, and with learner-side stacks each also stores 3 frames of context:
+    # 64 + 1 + 3 frames per 62 items, so a million transitions fit in under 8 GB.
+    "atari": {"unroll": 64, "batch": 32},
 }
 
 # Settings that differ for an environment family (its row: seedbed.resolve.env_family).
