@@ -80,6 +80,9 @@ class TrainConfig:
         "constant",
         "every learning rate over the run: constant, or falling linearly to 0 at --total-frames",
     )
+    lr_hold_frames: int = setting(
+        0, "with --lr-schedule linear: frames at the initial rates before they start to fall"
+    )
     target_return: float | None = setting(
         475.0, "stop once the mean return of the last 100 episodes reaches this (none: never)"
     )
@@ -209,6 +212,18 @@ class TrainConfig:
         check_transport(self.transport, actor_processes=True)
         if self.resume and not self.run_dir:
             raise ConfigError("--resume needs --run-dir naming the run to continue")
+        self._check_lr_hold()
+
+    def _check_lr_hold(self) -> None:
+        if self.lr_hold_frames == 0:
+            return
+        if self.lr_schedule != "linear":
+            raise ConfigError("--lr-hold-frames holds a falling rate: add --lr-schedule linear")
+        if not 0 < self.lr_hold_frames < self.total_frames:
+            raise ConfigError(
+                f"--lr-hold-frames must lie in [0, --total-frames ({self.total_frames})), got "
+                f"{self.lr_hold_frames}"
+            )
 
     def _check_inference(self) -> None:
         if self.broadcast_every <= 0:

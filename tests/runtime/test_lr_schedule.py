@@ -23,6 +23,13 @@ def test_linear_falls_to_zero_at_the_total_and_stays_there():
     assert lr_fraction("constant", 900, 1000) == 1.0
 
 
+def test_a_held_rate_stays_then_falls_to_zero_at_the_total():
+    assert lr_fraction("linear", 0, 1000, hold_frames=600) == 1.0
+    assert lr_fraction("linear", 600, 1000, hold_frames=600) == 1.0
+    assert lr_fraction("linear", 700, 1000, hold_frames=600) == pytest.approx(0.75)
+    assert lr_fraction("linear", 1000, 1000, hold_frames=600) == 0.0
+
+
 def test_every_group_of_every_optimizer_is_scaled_from_its_own_initial_rate():
     actor, critic = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     first = torch.optim.Adam(actor.parameters(), lr=1e-3)
@@ -49,21 +56,32 @@ def test_a_constant_schedule_leaves_the_rates_alone():
     assert opt.param_groups[0]["lr"] == 1e-3
 
 
-def test_an_unknown_schedule_is_refused_with_one_line(tmp_path):
-    with pytest.raises(ConfigError, match="lr-schedule"):
-        resolve([tiny_settings(tmp_path / "run", lr_schedule="cosine")])
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"lr_schedule": "cosine"}, "lr-schedule"),
+        ({"lr_hold_frames": 100}, "add --lr-schedule linear"),
+        ({"lr_schedule": "linear", "lr_hold_frames": 6000}, "must lie in"),
+        ({"lr_schedule": "linear", "lr_hold_frames": -1}, "must lie in"),
+    ],
+)
+def test_bad_schedule_settings_are_refused_with_one_line(tmp_path, settings, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve([tiny_settings(tmp_path / "run", total_frames=6000, **settings)])
 
 
-def test_a_linear_run_logs_its_falling_rate_and_checkpoints_it(tmp_path, no_leaks):
+def test_a_linear_run_logs_its_held_then_falling_rate_and_checkpoints_it(tmp_path, no_leaks):
     run = tmp_path / "run"
-    summary = train(resolve([tiny_settings(run, total_frames=6000, lr_schedule="linear")]))
+    settings = tiny_settings(run, total_frames=6000, lr_schedule="linear", lr_hold_frames=1000)
+    summary = train(resolve([settings]))
     with open(run / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["lr_fraction"]]
     fractions = [float(r["lr_fraction"]) for r in rows]
     assert fractions == sorted(fractions, reverse=True), fractions
     assert fractions[0] > 0.5 and fractions[-1] < 0.5
     for row in rows:  # each row's rate was set from frames before that row's
-        assert float(row["lr_fraction"]) >= 1 - int(row["frames"]) / 6000 - 1e-9
+        falling = max(0, int(row["frames"]) - 1000)
+        assert float(row["lr_fraction"]) >= 1 - falling / 5000 - 1e-9
     state = load_checkpoint(summary["checkpoint"])["agent"]["optimizer"]
     group = state["param_groups"][0]
     lr = resolve([tiny_settings(run)]).agent.lr

@@ -52,7 +52,7 @@ class LearnerLoop:
         self._row_batches = np.zeros(2, np.int64)  # inference batches and envs since that row
         layout = services.layout
         self.learning_rates = LearningRates(
-            self.agent.optimizers(), layout.lr_schedule, layout.total_frames
+            self.agent.optimizers(), layout.lr_schedule, layout.total_frames, layout.lr_hold_frames
         )
 
     def run(self, start: float, save: Callable[[float], Any]) -> str:

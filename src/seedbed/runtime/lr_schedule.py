@@ -1,5 +1,6 @@
 """The learning rate over a run (``--lr-schedule``): constant, or falling linearly to 0 at
-``--total-frames``, as CleanRL's and Sample Factory's Atari PPO anneal it.
+``--total-frames``, as CleanRL's and Sample Factory's Atari PPO anneal it, optionally held at
+its start for the first ``--lr-hold-frames``.
 
 The schedule is the runtime's, not an agent's: it reads the run's frame count, which no agent
 sees, and scales every optimizer the agent declares (``Agent.optimizers``), so one schedule
@@ -13,12 +14,13 @@ from collections.abc import Sequence
 import torch
 
 
-def lr_fraction(schedule: str, frames: int, total_frames: int) -> float:
+def lr_fraction(schedule: str, frames: int, total_frames: int, hold_frames: int = 0) -> float:
     """The fraction of its initial learning rate an optimizer takes after ``frames``."""
     if schedule == "constant":
         return 1.0
     if schedule == "linear":
-        return max(0.0, 1.0 - frames / total_frames)
+        falling = max(0, frames - hold_frames)
+        return max(0.0, 1.0 - falling / (total_frames - hold_frames))
     raise ValueError(f"unknown learning-rate schedule {schedule!r}")
 
 
@@ -32,16 +34,20 @@ class LearningRates:
     """
 
     def __init__(
-        self, optimizers: Sequence[torch.optim.Optimizer], schedule: str, total_frames: int
+        self,
+        optimizers: Sequence[torch.optim.Optimizer],
+        schedule: str,
+        total_frames: int,
+        hold_frames: int = 0,
     ) -> None:
         self._groups = [g for opt in optimizers for g in opt.param_groups]
-        self._schedule, self._total = schedule, total_frames
+        self._schedule, self._total, self._hold = schedule, total_frames, hold_frames
         for group in self._groups:
             group.setdefault("initial_lr", group["lr"])
 
     def update(self, frames: int) -> float:
         """Set the rates for ``frames``; return the fraction set."""
-        fraction = lr_fraction(self._schedule, frames, self._total)
+        fraction = lr_fraction(self._schedule, frames, self._total, self._hold)
         for group in self._groups:
             group["lr"] = group["initial_lr"] * fraction
         return fraction
