@@ -184,7 +184,8 @@ def test_actors_killed_mid_step_are_replaced(tmp_path):
     restarted and counted, and the run ends as asked with consistent records."""
     rng = random.Random(7)
     run, before = tmp_path / "r", shm_blocks()
-    proc = start(run, total_frames=60_000, checkpoint_every_s=1000.0)
+    # Three kills, each after both actors are up again, take about 12,000 frames of this layout.
+    proc = start(run, total_frames=36_000, checkpoint_every_s=1000.0)
     wait_for_frames(run, 2000, proc)
     learner = psutil.Process(proc.pid)
     kills = 0
