@@ -59,16 +59,27 @@ def leaked_shm(before: set[str]) -> set[str]:
     return new - held
 
 
+def _helper(p: psutil.Process) -> bool:
+    """Whether ``p`` is one of multiprocessing's own: the resource tracker, or the fork server
+    actors start from (it lives as long as the process that started it). Actors forked from
+    the server have its command line but a parent that has it too."""
+    line = " ".join(p.cmdline())
+    if "resource_tracker" in line:
+        return True
+    return "multiprocessing.forkserver" in line and "multiprocessing.forkserver" not in " ".join(
+        p.parent().cmdline()
+    )
+
+
 def workers(parent: psutil.Process | None = None, recursive: bool = False) -> list[psutil.Process]:
     """The live processes under ``parent`` (this one by default), less multiprocessing's
-    resource tracker. A process that exits or turns zombie while it is looked at is left out:
-    a zombie has no command line, and asking for one raises."""
+    resource tracker and fork server; with ``recursive``, actors forked from the server too. A
+    process that exits or turns zombie while it is looked at is left out: a zombie has no
+    command line, and asking for one raises."""
     found = []
     for p in (parent or psutil.Process()).children(recursive=recursive):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(
-                p.cmdline()
-            ):
+            if p.status() != psutil.STATUS_ZOMBIE and not _helper(p):
                 found.append(p)
         except psutil.Error:
             continue

@@ -190,7 +190,7 @@ def test_actors_killed_mid_step_are_replaced(tmp_path):
     learner = psutil.Process(proc.pid)
     kills = 0
     while kills < 3:
-        actors = workers(learner)
+        actors = workers(learner, recursive=True)  # forked from the learner's fork server
         if len(actors) == 2:  # both up: none is still being restarted
             rng.choice(actors).kill()
             kills += 1

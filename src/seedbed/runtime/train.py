@@ -48,7 +48,7 @@ from seedbed.runtime.services import Services, read_secrets, thread_budget
 from seedbed.runtime.signals import StopNow, StopSignals
 from seedbed.runtime.stopping import StopRules
 from seedbed.runtime.summary import run_summary
-from seedbed.runtime.supervisor import ActorSupervisor
+from seedbed.runtime.supervisor import ActorSupervisor, actor_context
 from seedbed.telemetry import EpisodeWindow, plot_curve
 from seedbed.transport.remote import ActorGateway
 
@@ -92,6 +92,7 @@ class TrainingRun:
         self.layout = cfg.replica_shard(self.replica.replica_id)  # this replica's actors, batch
         self.device = self.replica.device
         threads = thread_budget(cfg)
+        self._context = actor_context()  # it loads while the agent is built
         self.spec = make_spec(cfg.env, config.env_settings)
         secrets = read_secrets(cfg)
         # Before the networks exist, and alike on every replica: the seed fixes their init too.
@@ -155,7 +156,7 @@ class TrainingRun:
     def run(self) -> dict[str, Any] | None:
         """Train until the target return, the frame budget, an error or Ctrl-C; return summary
         (None on replicas other than 0)."""
-        ctx = multiprocessing.get_context("spawn")
+        ctx = self._context
         with contextlib.ExitStack() as metric_files:
             # Undone last to first, each step even when one before it fails or a third signal
             # interrupts it: shared memory and processes are released on every path.
