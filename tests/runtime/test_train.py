@@ -133,8 +133,8 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, no_l
 
 
 def test_killed_actor_is_restarted_and_training_goes_on(tmp_path, no_leaks):
-    # Killed at 2,000 frames; a restart (spawn, no torch in the actor) takes a second or two,
-    # a few thousand frames of this layout, well inside the rest of the budget.
+    # Killed at 2,000 frames; a restart (a fork of the loaded fork server) takes well under a
+    # second, a few thousand frames of this layout at most, well inside the rest of the budget.
     config = resolve([tiny_settings(tmp_path / "run", total_frames=15_000)])
     run = TrainingRun(config)
     result = {}
