@@ -69,6 +69,30 @@ def test_the_noop_env_is_made_through_its_family():
     envs.close()
 
 
+def test_the_noop_vector_env_steps_as_single_noop_envs_in_a_sync_vector_env():
+    """The numpy-stepped copies against Gymnasium's own vector env of single NoopEnvs, with the
+    same-step autoreset every actor's vector env has, across two episode ends."""
+    fast = make_vector_env(NOOP_ENV_ID, 3, seed=0)
+    plain = gym.vector.SyncVectorEnv(
+        [lambda: gym.make(NOOP_ENV_ID) for _ in range(3)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    assert fast.metadata["autoreset_mode"] == plain.metadata["autoreset_mode"]
+    assert fast.single_observation_space == plain.single_observation_space
+    assert fast.single_action_space == plain.single_action_space
+    np.testing.assert_array_equal(fast.reset(seed=0)[0], plain.reset(seed=0)[0])
+    ends = 0
+    for t in range(250):
+        actions = np.array([t % 2, 1, 0])
+        got, want = fast.step(actions)[:4], plain.step(actions)[:4]
+        for field, expected in zip(got, want, strict=True):
+            np.testing.assert_array_equal(field, expected)
+        ends += int(want[2].all())
+    assert ends == 2  # steps 100 and 200 ended every episode
+    fast.close()
+    plain.close()
+
+
 def test_ale_ids_are_atari_ids():
     pytest.importorskip("ale_py", reason="ale-py is not installed")
     config = resolve([{"env": "ALE/Pong-v5"}])

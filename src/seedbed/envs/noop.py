@@ -2,7 +2,9 @@
 
 Benchmarks and tests train on it to measure what seedbed itself costs per step (transport,
 inference, unrolls), with no simulator in the way. It is registered with Gymnasium too, so
-``gym.make`` knows it.
+``gym.make`` knows it. Actors step their E copies in one numpy call (``NoopVectorEnv``): E single
+envs in a SyncVectorEnv cost ~2 us each per step in Python, which would be most of what the
+benchmark measures.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
 
 from seedbed.envs.base import EnvFamily
 from seedbed.envs.gym import GymFamily
@@ -42,6 +46,37 @@ class NoopEnv(gym.Env):
         return self._obs, 1.0, self._t >= self.episode_length, False, {}
 
 
+class NoopVectorEnv(VectorEnv):
+    """``num_envs`` NoopEnvs stepped together, resetting on the step an episode ends (as every
+    actor's vector env does), each step one numpy call for all of them."""
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(self, num_envs: int) -> None:
+        self.num_envs = num_envs
+        self.single_observation_space = NoopEnv.observation_space
+        self.single_action_space = NoopEnv.action_space
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self._obs = np.zeros((num_envs, 4), np.float32)
+        self._reward = np.ones(num_envs, np.float32)
+        self._truncated = np.zeros(num_envs, np.bool_)
+        self._t = np.zeros(num_envs, np.int64)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict | None = None
+    ) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self._t[:] = 0
+        return self._obs, {}
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        self._t += 1
+        terminated = self._t >= NoopEnv.episode_length
+        self._t[terminated] = 0  # the next episode starts with this step's observation
+        return self._obs, self._reward, terminated, self._truncated, {}
+
+
 class NoopFamily(EnvFamily):
     """The one id ``seedbed/Noop-v0``; the run defaults of classic control apply to it."""
 
@@ -59,6 +94,9 @@ class NoopFamily(EnvFamily):
 
     def make(self, env_id: str, settings: Any, render_mode: str | None = None) -> gym.Env:
         return gym.make(NOOP_ENV_ID, render_mode=render_mode)
+
+    def make_vector(self, env_id: str, num_envs: int, seed: int, settings: Any) -> NoopVectorEnv:
+        return NoopVectorEnv(num_envs)
 
 
 if NOOP_ENV_ID not in gym.registry:
