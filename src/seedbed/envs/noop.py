@@ -58,7 +58,8 @@ class NoopVectorEnv(VectorEnv):
         self.single_action_space = NoopEnv.action_space
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
-        self._obs = np.zeros((num_envs, 4), np.float32)
+        # Returned at every step, as the single envs return theirs: callers copy what they keep.
+        self._obs = np.zeros(self.observation_space.shape, self.observation_space.dtype)
         self._reward = np.ones(num_envs, np.float32)
         self._truncated = np.zeros(num_envs, np.bool_)
         self._t = np.zeros(num_envs, np.int64)
