@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -154,6 +155,18 @@ def test_train_then_eval_with_video(tmp_path, monkeypatch):
     assert video.stat().st_size > 1000
 
 
+def test_train_on_the_noop_env(tmp_path):
+    """What the framework benchmark runs: its numpy-stepped envs in real actors, every episode
+    100 steps of reward 1, so every return the learner counted is 100."""
+    run = tmp_path / "r"
+    settings = tiny_settings(run, env="seedbed/Noop-v0", hidden_sizes="8")
+    result = seedbed("train", *flags(settings))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["frames"] >= 3000 and summary["episodes"] >= 8  # 8 envs x 100 steps at least
+    assert summary["mean_return_100"] == 100.0
+
+
 @pytest.mark.parametrize(
     ("signum", "replicas"), [("SIGINT", 1), ("SIGTERM", 1), ("SIGINT", 2), ("SIGTERM", 2)]
 )
@@ -163,7 +176,6 @@ def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, signum, replicas):
     A terminal's Ctrl-C reaches every process in the foreground group (the learner replicas
     and the actors too), so with replicas the signal goes to the whole group.
     """
-    import json
     import os
     import signal
     import time
