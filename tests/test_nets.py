@@ -23,7 +23,7 @@ def inputs(spec: EnvSpec, steps: int, batch: int):
     return obs, torch.zeros(steps, batch, dtype=torch.int64), torch.zeros(steps, batch), done
 
 
-@pytest.mark.parametrize("torso", ["nature", "impala"])
+@pytest.mark.parametrize("torso", ["nature", "a3c", "impala"])
 @pytest.mark.parametrize("lstm_size", [None, 32])
 def test_image_torsos_give_logits_values_and_state(torso, lstm_size):
     net = make_actor_critic(ATARI, (), lstm_size, shared_torso=True, torso=torso)
@@ -53,7 +53,21 @@ def test_acting_without_values_gives_the_same_policy(shared_torso, lstm_size):
 def test_torsos_differ_as_published():
     nature = make_actor_critic(ATARI, (), None, torso="nature")
     impala = make_actor_critic(ATARI, (), None, torso="impala")
-    assert nature.torso.out_size == 512 and impala.torso.out_size == 256
+    a3c = make_actor_critic(ATARI, (), None, torso="a3c")
+    assert nature.torso.out_size == 512 and impala.torso.out_size == a3c.torso.out_size == 256
+    layers = [
+        (c.out_channels, c.kernel_size, c.stride)
+        for c in nature.torso.convs
+        if isinstance(c, torch.nn.Conv2d)
+    ]
+    assert layers == [(32, (8, 8), (4, 4)), (64, (4, 4), (2, 2)), (64, (3, 3), (1, 1))]
+    layers = [
+        (c.out_channels, c.kernel_size, c.stride)
+        for c in a3c.torso.convs
+        if isinstance(c, torch.nn.Conv2d)
+    ]
+    assert layers == [(16, (8, 8), (4, 4)), (32, (4, 4), (2, 2))]
+    assert a3c.torso.fc[0].in_features == 32 * 9 * 9  # 84 -> 20 -> 9
     convs = [m for m in impala.torso.modules() if isinstance(m, torch.nn.Conv2d)]
     assert [c.out_channels for c in convs] == [16] * 5 + [32] * 5 + [32] * 5
 
@@ -125,6 +139,9 @@ def test_prepared_observations_reach_the_torso_as_normalizing_each_pass_would(dt
     net.obs_norm.update(obs)
     prepared = net.prepare(obs)
     assert prepared.dtype == dtype
+    # In the torso's layout, and its minibatches too, so that no pass copies them again.
+    minibatch = prepared[:, torch.tensor([2, 0])].reshape(-1, *ATARI.obs_shape)
+    assert minibatch.is_contiguous(memory_format=torch.channels_last)
     with torch.no_grad():
         logits, values, _ = net(obs, *rest, ())
         again, values_again, _ = net(prepared, *rest, (), prepared=True)

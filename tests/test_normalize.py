@@ -35,6 +35,31 @@ def test_observation_statistics_are_those_of_all_observations():
     assert norm(far).tolist()[0][:2] == [5.0, -5.0]  # clipped
 
 
+@pytest.mark.parametrize("shape", [(2, 8, 8), (4, 21, 21)])
+def test_frame_statistics_and_outputs_are_exact_across_chunks(shape):
+    # (2, 8, 8): 258 rows a chunk, the most whose sums of 255 ** 2 float32 holds exactly;
+    # (4, 21, 21): chunks of 74 rows, which fit the cache. 600 rows cross chunk edges either way.
+    rng = np.random.default_rng(1)
+    norm = ObsNormalizer(shape)
+    batches = [rng.integers(0, 256, (n, *shape), dtype=np.uint8) for n in (600, 37)]
+    for b in batches:
+        b[:, 0, 0, 0] = 255  # the largest sum of squares there is
+        b[:, 0, 0, 1] = 7  # a constant pixel: variance exactly 0
+    for b in batches:
+        norm.update(torch.from_numpy(b))
+    every = np.concatenate(batches).astype(np.float64)
+    np.testing.assert_allclose(norm.mean.numpy(), every.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(norm.var.numpy(), every.var(0), rtol=1e-6, atol=1e-9)
+    assert float(norm.var[0, 0, 1]) == 0.0 and float(norm.var[0, 0, 0]) == 0.0
+    frames = torch.from_numpy(batches[0])
+    want = (frames.float() - norm.mean) / torch.sqrt(norm.var + norm.eps)
+    want = want.clamp(-norm.clip, norm.clip)
+    torch.testing.assert_close(norm(frames), want, rtol=1e-6, atol=1e-5)
+    half = norm(frames.view(20, 30, *shape), torch.bfloat16)  # any leading dims, any dtype
+    assert half.dtype == torch.bfloat16 and half.shape == (20, 30, *shape)
+    torch.testing.assert_close(half.view_as(want), want.bfloat16())
+
+
 def test_popart_preserves_outputs_and_follows_the_targets():
     torch.manual_seed(0)
     head = PopArtValue(4, beta=0.5)

@@ -71,27 +71,38 @@ def _images(obs: torch.Tensor) -> torch.Tensor:
 class NatureCNN(nn.Module):
     """The DQN torso of Mnih et al. (2015): three convolutions and a 512-unit layer."""
 
-    def __init__(self, obs_shape: tuple[int, ...], out_size: int = 512) -> None:
+    channels_last = True  # it reads frames channels-last (``_images``)
+
+    # (channels, kernel, stride) of each convolution, and the width of the layer after them.
+    CONVS: tuple[tuple[int, int, int], ...] = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+    OUT_SIZE = 512
+
+    def __init__(self, obs_shape: tuple[int, ...]) -> None:
         super().__init__()
-        channels, height, width = obs_shape
-        self.convs = nn.Sequential(
-            nn.Conv2d(channels, 32, 8, stride=4),
-            nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2),
-            nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1),
-            nn.ReLU(),
-            nn.Flatten(),
-        )
+        layers: list[nn.Module] = []
+        depth = obs_shape[0]
+        for channels, kernel, stride in self.CONVS:
+            layers += [nn.Conv2d(depth, channels, kernel, stride=stride), nn.ReLU()]
+            depth = channels
+        self.convs = nn.Sequential(*layers, nn.Flatten())
         with torch.no_grad():
-            flat = self.convs(torch.zeros(1, channels, height, width)).shape[1]
-        self.fc = nn.Sequential(nn.Linear(flat, out_size), nn.ReLU())
-        self.out_size = out_size
+            flat = self.convs(torch.zeros(1, *obs_shape)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(flat, self.OUT_SIZE), nn.ReLU())
+        self.out_size = self.OUT_SIZE
         _orthogonal(self).to(memory_format=torch.channels_last)  # as _images makes inputs
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """[N, C, H, W] frames -> [N, out_size]."""
         return self.fc(self.convs(_images(obs)))
+
+
+class A3CCNN(NatureCNN):
+    """The smaller torso of DQN's first paper and A3C (Mnih et al. 2013, 2016): two
+    convolutions, 16 and 32 channels, and a 256-unit layer. On 84x84x4 frames it is 5.9 MFLOP
+    a forward pass against the Nature CNN's 18.7, so a CPU learner takes 3x the frames/s."""
+
+    CONVS = ((16, 8, 4), (32, 4, 2))
+    OUT_SIZE = 256
 
 
 class _ResidualBlock(nn.Module):
@@ -107,6 +118,8 @@ class _ResidualBlock(nn.Module):
 class ImpalaResNet(nn.Module):
     """IMPALA's deep torso (Espeholt et al. 2018): three stacks of conv, max-pool and two
     residual blocks, with 16, 32 and 32 channels, then a 256-unit layer."""
+
+    channels_last = True  # it reads frames channels-last (``_images``)
 
     def __init__(
         self,
@@ -153,7 +166,13 @@ class FootballResNet(ImpalaResNet):
         super().__init__(obs_shape, channels=(16, 32, 32, 32), out_size=256)
 
 
-TORSOS = {"mlp": MLPTorso, "nature": NatureCNN, "impala": ImpalaResNet, "football": FootballResNet}
+TORSOS = {
+    "mlp": MLPTorso,
+    "nature": NatureCNN,
+    "a3c": A3CCNN,
+    "impala": ImpalaResNet,
+    "football": FootballResNet,
+}
 
 
 class LSTMCore(nn.Module):
@@ -303,7 +322,14 @@ class ActorCriticNet(nn.Module):
         it once: per-pixel normalization of Atari frames costs a fifth of a bfloat16 pass."""
         if self.obs_norm is None:
             return obs
-        return self.obs_norm(obs).to(self.torso_dtype)
+        out = None
+        if getattr(self.torso, "channels_last", False):
+            # In the layout the torso convolves (``_images``), so that neither the minibatches
+            # taken from a prepared batch nor each pass over them copy it again.
+            *lead, channels, height, width = obs.shape
+            shape = (*lead, height, width, channels)
+            out = torch.empty(shape, dtype=self.torso_dtype, device=obs.device).movedim(-1, -3)
+        return self.obs_norm(obs, self.torso_dtype, out)
 
     def _features(self, torso: nn.Module, obs: torch.Tensor) -> torch.Tensor:
         if self.torso_dtype == torch.float32:
@@ -327,7 +353,7 @@ def torso_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def make_torso(name: str, obs_shape: tuple[int, ...], hidden_sizes: tuple[int, ...]) -> nn.Module:
-    """Torso ``name`` ('mlp', 'nature', 'impala' or 'football') for observations of
+    """Torso ``name`` ('mlp', 'nature', 'a3c', 'impala' or 'football') for observations of
     ``obs_shape``."""
     if name == "mlp":
         return MLPTorso(obs_shape, hidden_sizes)

@@ -29,6 +29,12 @@ class ObsNormalizer(nn.Module):
     batch by batch (Chan et al. 1979), exactly what one pass over all of them would give.
     """
 
+    # On a CPU a learner batch (1,040 Atari stacks: 115 MB as float32) goes through in chunks
+    # of about this many values, whose float32 temporaries stay in the core's cache: each pass
+    # over the whole batch at once went to memory, and normalizing and measuring a Pong batch
+    # took a fifth of a bfloat16 learner step (docs/benchmarks.md). A GPU takes it in one go.
+    CHUNK_VALUES = 1 << 17
+
     def __init__(self, obs_shape: tuple[int, ...], clip: float = 5.0, eps: float = 1e-8) -> None:
         super().__init__()
         self.clip, self.eps = clip, eps
@@ -36,23 +42,29 @@ class ObsNormalizer(nn.Module):
         self.register_buffer("mean", torch.zeros(obs_shape))
         self.register_buffer("var", torch.ones(obs_shape))
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """[N, *obs_shape] in any dtype -> float32, normalized."""
-        scaled = (obs.float() - self.mean) * torch.rsqrt(self.var + self.eps)
-        return scaled.clamp_(-self.clip, self.clip)
+    def forward(
+        self,
+        obs: torch.Tensor,
+        dtype: torch.dtype = torch.float32,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[..., *obs_shape] in any dtype -> normalized (computed in float32), in ``dtype``, or
+        written into ``out`` (of ``obs``'s shape, in any memory layout) and returned."""
+        mean, scale = self.mean, torch.rsqrt(self.var + self.eps)
+        if out is None:
+            out = torch.empty(obs.shape, dtype=dtype, device=obs.device)
+        rows, into_rows = obs.reshape(-1, *mean.shape), out.view(-1, *mean.shape)
+        for part, into in zip(self._chunks(rows), self._chunks(into_rows), strict=True):
+            into.copy_(torch.sub(part, mean).mul_(scale).clamp_(-self.clip, self.clip))
+        return out
 
     @torch.no_grad()
     def update(self, obs: torch.Tensor, reduce: Reduce = _alone) -> None:
         """Merge observations ``[..., *obs_shape]`` (over every replica) into the statistics."""
-        # The batch's moments in float32 (Welford's, so stable): a learner batch of Atari frames
-        # in float64, squared, is half a gigabyte of copies. They are merged in float64.
-        x = obs.reshape(-1, *self.mean.shape).float()
-        if len(x):
-            var, mean = (m.double() for m in torch.var_mean(x, dim=0, correction=0))
-        else:  # a replica with nothing to add still takes part in the reduce
-            var = mean = torch.zeros_like(self.mean, dtype=torch.float64)
-        n = mean.new_tensor(len(x))
-        count, total, squares = reduce([n, mean * n, (var + mean.pow(2)) * n])
+        x = obs.reshape(-1, *self.mean.shape)
+        count, total, squares = reduce(
+            [self.mean.new_tensor(len(x), dtype=torch.float64), *self._sums(x)]
+        )
         if count <= 0:
             return
         batch_mean = total / count
@@ -63,6 +75,34 @@ class ObsNormalizer(nn.Module):
         self.mean.copy_(mean + delta * (count / new))
         self.var.copy_((var * old + batch_var * count + delta.pow(2) * (old * count / new)) / new)
         self.count.copy_(new)
+
+    def _sums(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The sums of ``x``'s rows and of their squares, float64, for ``update``'s merge."""
+        if x.dtype != torch.uint8 or len(x) == 0:
+            # The batch's moments in float32 (Welford's, so stable), then its sums: the
+            # observations in float64, squared, would double the copies.
+            if len(x) == 0:  # a replica with nothing to add still takes part in the reduce
+                var = mean = torch.zeros_like(self.mean, dtype=torch.float64)
+            else:
+                var, mean = (m.double() for m in torch.var_mean(x.float(), dim=0, correction=0))
+            return [mean * len(x), (var + mean.pow(2)) * len(x)]
+        # Frames are summed exactly: a chunk's sums in float32 hold every integer below
+        # 2 ** 24, and a chunk of up to 258 squares of 255 stays below that.
+        total = torch.zeros(self.mean.shape, dtype=torch.float64, device=x.device)
+        squares = torch.zeros_like(total)
+        for part in self._chunks(x, limit=(1 << 24) // 255**2):
+            values = part.float()
+            total += values.sum(0)
+            squares += values.square_().sum(0)
+        return [total, squares]
+
+    def _chunks(self, rows: torch.Tensor, limit: int | None = None) -> tuple[torch.Tensor, ...]:
+        """``rows`` split along the first dimension into chunks of about ``CHUNK_VALUES``
+        values on a CPU (one chunk on other devices), each at most ``limit`` rows."""
+        size = len(rows) or 1
+        if rows.device.type == "cpu":
+            size = max(1, self.CHUNK_VALUES // max(1, self.mean.numel()))
+        return rows.split(min(size, limit or size))
 
 
 class PopArtValue(nn.Linear):
