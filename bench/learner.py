@@ -1,5 +1,5 @@
 """Learner samples/s with 1 and N learner replicas: the replicated learner's scaling, and
-what one learner batch costs each agent and torso dtype.
+what one learner batch costs each agent, torso and torso dtype.
 
 Each replica runs an agent's learner (``agent.learn``, as ``seedbed train --learner-replicas``
 does; V-trace unless ``--agent``) on its share of a fixed global batch of B unrolls of T steps,
@@ -13,6 +13,7 @@ with as many threads as cores: small networks run slower on more threads).
     python bench/learner.py                            # CartPole's MLP, then Atari's Nature CNN
     python bench/learner.py --env atari:Pong --batch 32 --unroll 20 --replicas 1 2
     python bench/learner.py --env atari:Pong --agent ppo --replicas 1 --torso-dtype float32
+    python bench/learner.py --env atari:Pong --agent ppo --replicas 1 --torso a3c
 """
 
 from __future__ import annotations
@@ -53,16 +54,18 @@ def synthetic_batch(spec, num_actions: int, batch: int, unroll: int, seed: int) 
     return Unrolls(steps, (), torch.zeros(batch, dtype=torch.int64))
 
 
-def settings(env: str, agent: str, batch: int | None, unroll: int | None, dtype: str | None):
-    """The run's settings: the agent's defaults for ``env``, with what the command gave."""
-    given = {"batch": batch, "queue_size": batch, "unroll": unroll, "torso_dtype": dtype}
+def settings(env: str, agent: str, given: dict):
+    """The run's settings: the agent's defaults for ``env``, with what the command gave
+    (``given``: settings by name, None where not given)."""
+    given = {**given, "queue_size": given.get("batch")}
     return resolve([{"env": env, "agent": agent, **{k: v for k, v in given.items() if v}}])
 
 
-def measure(env: str, agent: str, batch: int, unroll: int, steps: int, warmup: int, dtype) -> dict:
+def measure(env: str, agent: str, given: dict, steps: int, warmup: int) -> dict:
     """One replica's part: learn ``steps`` times on its share of the batch; its steps/s."""
     with Replicator(device="cpu") as rep:
-        config = settings(env, agent, batch, unroll, dtype)
+        config = settings(env, agent, given)
+        batch, unroll = config.train.batch, config.train.unroll
         spec = make_spec(env, config.env_settings)
         torch.manual_seed(0)
         agent = make_agent(agent, spec, config.agent, rep.device, batch)
@@ -82,9 +85,10 @@ def measure(env: str, agent: str, batch: int, unroll: int, steps: int, warmup: i
 
 
 def run(args: argparse.Namespace, env: str, replicas: int, steps: int, threads: int = 1) -> dict:
-    config = settings(env, args.agent, args.batch, args.unroll, args.torso_dtype)
+    given = {k: getattr(args, k) for k in ("batch", "unroll", "torso", "torso_dtype")}
+    config = settings(env, args.agent, given)
     batch, unroll = config.train.batch, config.train.unroll
-    spec = (env, args.agent, batch, unroll, steps, args.warmup, args.torso_dtype)
+    spec = (env, args.agent, given, steps, args.warmup)
     if replicas == 1:
         torch.set_num_threads(threads)
         results = [measure(*spec)]
@@ -112,6 +116,7 @@ def main() -> None:
     parser.add_argument("--agent", default="vtrace", help="the agent whose learner is timed")
     parser.add_argument("--batch", type=int, help="global batch B (unrolls; default: the agent's)")
     parser.add_argument("--unroll", type=int, help="steps T per unroll (default: the agent's)")
+    parser.add_argument("--torso", help="the network torso (default: the agent's)")
     parser.add_argument("--torso-dtype", choices=["float32", "bfloat16", "auto"])
     parser.add_argument("--steps", type=int, default=None, help="timed learner steps")
     parser.add_argument("--warmup", type=int, default=3)

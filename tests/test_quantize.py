@@ -219,7 +219,7 @@ def test_lstm_core_is_quantized_and_stays_close_over_an_unroll():
     assert 0 < policy_error(net, int8, forward, args) < 0.05
 
 
-@pytest.mark.parametrize("torso", ["nature", "impala"])
+@pytest.mark.parametrize("torso", ["nature", "a3c", "impala"])
 def test_conv_torsos_keep_float_convolutions(torso):
     net = make_actor_critic(FRAMES, (), None, torso=torso)
     int8 = broadcast(net, "int8")

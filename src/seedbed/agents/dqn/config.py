@@ -107,8 +107,9 @@ class DQNConfig:
     # Exploration: env i of N acts eps-greedily with eps_i = base^(1 + alpha * i / (N - 1)).
     epsilon_base: float = setting(0.4, "per-env epsilon: base of Ape-X's schedule")
     epsilon_alpha: float = setting(7.0, "per-env epsilon: exponent spread of Ape-X's schedule")
-    torso: Literal["mlp", "nature", "impala"] = setting(
-        "mlp", "network torso: MLP, Nature DQN CNN, or IMPALA's deep ResNet (images)"
+    torso: Literal["mlp", "nature", "a3c", "impala"] = setting(
+        "mlp",
+        "network torso: MLP, Nature DQN CNN, A3C's smaller CNN, or IMPALA's deep ResNet (images)",
     )
     torso_dtype: Literal["auto", "float32", "bfloat16"] = setting(
         "float32", "torso compute dtype (see the V-trace agent's --torso-dtype)"

@@ -34,10 +34,10 @@ class VTraceConfig:
     )
     reward_clip: float | None = setting(None, "clip learner rewards to [-x, x] (none: off)")
     max_grad_norm: float | None = setting(0.5, "clip the global gradient norm (none: off)")
-    torso: Literal["mlp", "nature", "impala", "football"] = setting(
+    torso: Literal["mlp", "nature", "a3c", "impala", "football"] = setting(
         "mlp",
-        "network torso: MLP, Nature DQN CNN, IMPALA's deep ResNet, or SEED RL's four-stack "
-        "ResNet for Football's Super Mini Map (images)",
+        "network torso: MLP, Nature DQN CNN, A3C's smaller CNN, IMPALA's deep ResNet, or SEED "
+        "RL's four-stack ResNet for Football's Super Mini Map (images)",
     )
     torso_dtype: Literal["auto", "float32", "bfloat16"] = setting(
         "float32",
