@@ -406,7 +406,7 @@ def test_short_atari_run_counts_emulator_frames(tmp_path, no_leaks):
         minibatches=2,  # of the batch's 2 unrolls
     )
     config = resolve([settings])
-    assert config.agent.torso == "nature" and config.agent.reward_clip == 1.0  # Atari defaults
+    assert config.agent.torso == "a3c" and config.agent.reward_clip == 1.0  # Atari defaults
     summary = train(config)
     run = tmp_path / "run"
     for name in ("config.yaml", "metrics.csv", "summary.json", "curve.png"):
