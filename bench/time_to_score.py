@@ -2,10 +2,11 @@
 
 Runs ``seedbed train --env atari:GAME`` as a user would (a subprocess; the Atari defaults unless
 flags follow ``--``) for ``--minutes`` of wall time, stopping it with SIGTERM at the budget (it
-stops in order and writes summary.json) unless the 100-episode mean reached the top rung
-first. From metrics.csv it takes the seconds from the command's start (the run's own clock
-plus the gap between the command's start and ``session_started_at``) and the emulator frames
-at which the 100-episode mean first passed each rung.
+stops in order and writes summary.json) unless the 100-episode mean reached the top rung,
+or the run its ``--total-frames``, first. From metrics.csv it takes the seconds from the
+command's start (the run's own clock plus the gap between the command's start and
+``session_started_at``) and the emulator frames at which the 100-episode mean first passed each
+rung.
 
 With ``--peer sample-factory`` it then runs Sample Factory 2.1.1's APPO on the same game, after
 seedbed and never beside it, with the Atari defaults of its own example
@@ -299,7 +300,7 @@ def run_seedbed(game: str, args: argparse.Namespace, rungs: Sequence[float], tmp
     command = [
         *("seedbed", "train", "--env", f"atari:{game}", "--run-dir", str(run)),
         *("--seed", str(args.seed), "--target-return", str(max(rungs))),
-        *("--total-frames", str(10**12), "--no-progress"),
+        "--no-progress",  # the defaults' --total-frames: their rate schedule ends there
         *flags,
         *args.train_flags,
     ]

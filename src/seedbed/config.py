@@ -81,7 +81,9 @@ class TrainConfig:
         "every learning rate over the run: constant, or falling linearly to 0 at --total-frames",
     )
     lr_hold_frames: int = setting(
-        0, "with --lr-schedule linear: frames at the initial rates before they start to fall"
+        0,
+        "with --lr-schedule linear: frames at the initial rates before they start to fall (the "
+        "whole run, if --total-frames is not more)",
     )
     target_return: float | None = setting(
         475.0, "stop once the mean return of the last 100 episodes reaches this (none: never)"
@@ -219,11 +221,8 @@ class TrainConfig:
             return
         if self.lr_schedule != "linear":
             raise ConfigError("--lr-hold-frames holds a falling rate: add --lr-schedule linear")
-        if not 0 < self.lr_hold_frames < self.total_frames:
-            raise ConfigError(
-                f"--lr-hold-frames must lie in [0, --total-frames ({self.total_frames})), got "
-                f"{self.lr_hold_frames}"
-            )
+        if self.lr_hold_frames < 0:  # a hold as long as the run keeps the rate constant
+            raise ConfigError(f"--lr-hold-frames must be >= 0, got {self.lr_hold_frames}")
 
     def _check_inference(self) -> None:
         if self.broadcast_every <= 0:

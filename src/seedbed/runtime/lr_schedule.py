@@ -19,8 +19,9 @@ def lr_fraction(schedule: str, frames: int, total_frames: int, hold_frames: int 
     if schedule == "constant":
         return 1.0
     if schedule == "linear":
-        falling = max(0, frames - hold_frames)
-        return max(0.0, 1.0 - falling / (total_frames - hold_frames))
+        if frames <= hold_frames:  # also every frame of a run that ends within its hold
+            return 1.0
+        return max(0.0, 1.0 - (frames - hold_frames) / max(1, total_frames - hold_frames))
     raise ValueError(f"unknown learning-rate schedule {schedule!r}")
 
 

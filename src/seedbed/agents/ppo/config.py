@@ -119,4 +119,16 @@ FAMILY_DEFAULTS = {
     "mujoco": {"normalize_obs": True},
 }
 # Batches of 16 unrolls of 64 steps: 4 minibatches of 256 steps, as CleanRL's 8 x 128 makes.
-RUN_DEFAULTS = {"atari": {"unroll": 64, "batch": 16, "queue_size": 16}}
+# The rate is held through Pong's climb (to about +14) and then falls to 0 at the run's end:
+# constant, the mean stayed at +15-16 for the last 7 M frames of an hour; falling from the start,
+# the climb itself slowed (docs/benchmarks.md). 15 M frames is an hour on two cores.
+RUN_DEFAULTS = {
+    "atari": {
+        "unroll": 64,
+        "batch": 16,
+        "queue_size": 16,
+        "total_frames": 15_000_000,
+        "lr_schedule": "linear",
+        "lr_hold_frames": 6_000_000,
+    }
+}
