@@ -10,10 +10,12 @@ import torch
 from torch.nn import functional as F
 
 from seedbed.agents import make_agent
+from seedbed.agents.base import entropy_cost
 from seedbed.agents.policies import GaussianPolicy
 from seedbed.agents.ppo.learning import batch_targets, gae, ppo_loss, prepared
 from seedbed.errors import ConfigError
 from seedbed.resolve import resolve
+from seedbed.runtime.lr_schedule import LearningRates
 from seedbed.runtime.train import train
 from seedbed.types import EnvSpec
 from tests.agents.test_agents import CONTINUOUS, DISCRETE, collect
@@ -61,17 +63,21 @@ def test_the_clipped_surrogate_matches_a_loop_over_the_paper():
         agent.learn(batch)
     ready = prepared(agent.network, batch)
     targets = batch_targets(agent.network, ready, config, agent.policy)
-    terms, stats = ppo_loss(agent.network, ready, targets, config, agent.policy)
+    terms, stats = ppo_loss(
+        agent.network, ready, targets, config, agent.policy, config.entropy_cost
+    )
     s = batch.steps
     with torch.no_grad():
         logits, values, _ = agent.network(
             s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state
         )
     T, B = s["action"].shape[0] - 1, batch.batch_size
-    surrogate = value = clipped_count = 0.0
+    surrogate = value = clipped_count = entropy = 0.0
     for t in range(T):
         for b in range(B):
             a = int(s["action"][t, b])
+            probs = F.softmax(logits[t, b], -1).tolist()
+            entropy -= sum(p * math.log(p) for p in probs)
             new = float(F.log_softmax(logits[t, b], -1)[a])
             old = float(F.log_softmax(s["logits"][t, b], -1)[a])
             ratio, adv = torch.tensor(new - old).exp().item(), float(targets["advantages"][t, b])
@@ -87,6 +93,36 @@ def test_the_clipped_surrogate_matches_a_loop_over_the_paper():
     assert terms["loss_baseline"].detach().item() == pytest.approx(0.5 * 0.5 * value / n, rel=1e-5)
     assert stats["clip_fraction"] == pytest.approx(clipped_count / n)
     assert 0 < stats["clip_fraction"] < 1
+    assert stats["entropy"] == pytest.approx(entropy / n, rel=1e-5)
+    want = -config.entropy_cost * entropy / n
+    assert terms["loss_entropy"].detach().item() == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("agent_name", ["ppo", "vtrace"])
+def test_an_annealed_entropy_bonus_falls_with_the_learning_rate(agent_name):
+    """With --anneal-entropy the bonus's weight is the run's rate schedule's fraction of
+    --entropy-cost: held, halfway down, and gone with the rate; without it, constant."""
+    torch.manual_seed(1)
+    settings = {"agent": agent_name, "lr_schedule": "linear", "entropy_cost": 0.05}
+    for anneal in (True, False):
+        config = resolve([{**settings, "anneal_entropy": anneal}]).agent
+        agent = make_agent(agent_name, DISCRETE, config, "cpu")
+        batch = collect(agent, DISCRETE, num_envs=4, unroll=6)
+        rates = LearningRates(agent.optimizers(), "linear", 1000, hold_frames=200)
+        for frames, fraction in ((100, 1.0), (600, 0.5), (1000, 0.0)):
+            rates.update(frames)
+            weight = 0.05 * fraction if anneal else 0.05
+            assert entropy_cost(config, agent.optimizer) == pytest.approx(weight)
+            metrics = agent.learn(batch)
+            if agent_name == "ppo":  # the mean entropy over the steps, which the term weighs
+                want = -weight * metrics["entropy"]
+                assert metrics["loss_entropy"] == pytest.approx(want, rel=1e-5, abs=1e-12)
+            assert (metrics["loss_entropy"] == 0.0) == (anneal and fraction == 0.0)
+
+
+def test_an_annealed_entropy_bonus_needs_a_falling_rate(tmp_path):
+    with pytest.raises(ConfigError, match="add --lr-schedule linear, or --no-anneal-entropy"):
+        resolve([tiny_settings(tmp_path / "run", agent="ppo", anneal_entropy=True)])
 
 
 def test_the_decoupled_surrogate_matches_a_loop_over_its_equation():
@@ -99,12 +135,16 @@ def test_the_decoupled_surrogate_matches_a_loop_over_its_equation():
         agent.learn(batch)
     ready = prepared(agent.network, batch)
     targets = batch_targets(agent.network, ready, config, agent.policy)
-    terms, stats = ppo_loss(agent.network, ready, targets, config, agent.policy)
+    terms, stats = ppo_loss(
+        agent.network, ready, targets, config, agent.policy, config.entropy_cost
+    )
     # Before the batch's first update the learner's policy is the anchor: nothing is clipped.
     assert stats["clip_fraction"] == 0.0 and abs(stats["approx_kl"]) < 1e-6
     proximal = {k: v.detach().clone() for k, v in agent.network.state_dict().items()}
     agent.learn(batch)  # now the current policy has moved from the anchor
-    terms, stats = ppo_loss(agent.network, ready, targets, config, agent.policy)
+    terms, stats = ppo_loss(
+        agent.network, ready, targets, config, agent.policy, config.entropy_cost
+    )
     s = batch.steps
     with torch.no_grad():
         inputs = s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state

@@ -114,6 +114,17 @@ def optimizer_step(
     return dict(zip(names, values, strict=True))
 
 
+def entropy_cost(config: Any, optimizer: torch.optim.Optimizer) -> float:
+    """The weight of the entropy bonus for the next step: ``config.entropy_cost``, or with
+    ``config.anneal_entropy`` that times the fraction of its initial rate the run's schedule
+    has left ``optimizer`` at (``seedbed.runtime.lr_schedule`` keeps the initial one, as
+    torch's own schedulers do, under ``initial_lr``)."""
+    if not config.anneal_entropy:
+        return config.entropy_cost
+    group = optimizer.param_groups[0]
+    return config.entropy_cost * group["lr"] / group.get("initial_lr", group["lr"])
+
+
 @torch.no_grad()
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_(params, max_norm)``: scale the gradients so that their

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from seedbed.agents.base import optimizer_step
+from seedbed.agents.base import entropy_cost, optimizer_step
 from seedbed.agents.policies import Policy, make_policy
 from seedbed.agents.ppo.config import PPOConfig
 from seedbed.agents.vtrace.learning import (
@@ -97,11 +97,13 @@ def ppo_loss(
     targets: dict[str, torch.Tensor],
     config: PPOConfig,
     policy: Policy,
+    entropy_cost: float,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """PPO's loss on (a minibatch of) unrolls, their observations prepared (``prepared``), as
     named terms whose sum is minimised, and its diagnostics: the approximate KL from the policy
-    the ratio is taken against and the fraction of clipped ratios. With PopArt, value errors are
-    measured in units of the targets' running deviation."""
+    the ratio is taken against, the fraction of clipped ratios and the policy's mean entropy
+    (the bonus weighs ``entropy_cost``, which may be annealed to 0). With PopArt, value errors
+    are measured in units of the targets' running deviation."""
     s = batch.steps
     inputs = s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state
     params, values, _ = net(*inputs, prepared=True)
@@ -123,16 +125,17 @@ def ppo_loss(
     scale = value_scale(net)
     if isinstance(scale, torch.Tensor):  # PopArt: in units of the targets' deviation
         value_error = value_error / scale**2
+    entropy = policy.entropy(params).mean()
     terms = {
         "loss_policy": -surrogate.mean(),
         "loss_baseline": config.baseline_cost * 0.5 * value_error.mean(),
-        "loss_entropy": -config.entropy_cost * policy.entropy(params).mean(),
+        "loss_entropy": -entropy_cost * entropy,
     }
     with torch.no_grad():  # Schulman's low-variance estimator of KL(anchor || current)
         approx_kl = ((ratio - 1) - log_ratio).mean()
         clip_fraction = ((ratio - 1).abs() > eps).float().mean()
-        kl, clipped = torch.stack([approx_kl, clip_fraction]).tolist()  # one read
-    return terms, {"approx_kl": kl, "clip_fraction": clipped}
+        stats = torch.stack([approx_kl, clip_fraction, entropy]).tolist()  # one read
+    return terms, dict(zip(("approx_kl", "clip_fraction", "entropy"), stats, strict=True))
 
 
 def prepared(net: ActorCriticNet, batch: Unrolls) -> Unrolls:
@@ -166,6 +169,7 @@ class PPOAgent(VTraceAgent):
         "grad_norm",
         "approx_kl",
         "clip_fraction",
+        "entropy",
         "epochs_run",
     )
 
@@ -197,13 +201,14 @@ class PPOAgent(VTraceAgent):
         rescale_values(self.network, targets["returns"])
         sums: dict[str, float] = {}
         steps = epochs = 0
+        cost = entropy_cost(cfg, self.optimizer)
         for _ in range(cfg.epochs):
             kl = 0.0
             order = torch.randperm(batch.batch_size, generator=self.shuffles).to(self.device)
             chunks = order.chunk(cfg.minibatches)
             for rows in chunks:
                 part, minibatch = _select(batch, targets, rows)
-                terms, stats = ppo_loss(self.network, part, minibatch, cfg, self.policy)
+                terms, stats = ppo_loss(self.network, part, minibatch, cfg, self.policy, cost)
                 metrics = optimizer_step(self.network, self.optimizer, terms, cfg.max_grad_norm)
                 for key, value in {**metrics, **stats}.items():
                     sums[key] = sums.get(key, 0.0) + value

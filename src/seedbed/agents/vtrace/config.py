@@ -25,6 +25,11 @@ class VTraceConfig:
     clip_c: float = setting(1.0, "c-bar: clip of the trace-cutting weights")
     baseline_cost: float = setting(0.5, "weight of the value (baseline) loss")
     entropy_cost: float = setting(0.01, "weight of the entropy bonus")
+    anneal_entropy: bool = setting(
+        False,
+        "scale the entropy bonus as --lr-schedule scales the learning rate, so that it falls "
+        "to 0 with the rate and the policy may grow certain as learning ends",
+    )
     normalize_advantages: bool = setting(
         True, "scale policy-gradient advantages by their batch standard deviation"
     )
@@ -76,6 +81,11 @@ class VTraceConfig:
 
     def check_run(self, train: Any) -> None:
         """Raise ConfigError where the run's layout cannot work with this agent."""
+        if self.anneal_entropy and train.lr_schedule == "constant":
+            raise ConfigError(
+                "--anneal-entropy follows the learning rate's schedule, and a constant one never "
+                "moves it: add --lr-schedule linear, or --no-anneal-entropy"
+            )
         if train.queue_size < train.batch:
             raise ConfigError(
                 f"--queue-size ({train.queue_size}) must be >= --batch ({train.batch}), "

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from seedbed.agents.base import acting_copy, optimizer_step
+from seedbed.agents.base import acting_copy, entropy_cost, optimizer_step
 from seedbed.agents.policies import CategoricalPolicy, Policy
 from seedbed.agents.vtrace.config import VTraceConfig
 from seedbed.agents.vtrace_targets import VTraceReturns, vtrace_from_importance_weights
@@ -112,10 +112,11 @@ def vtrace_targets(
 
 
 def vtrace_loss(
-    net: ActorCriticNet, batch: Unrolls, config: VTraceConfig
+    net: ActorCriticNet, batch: Unrolls, config: VTraceConfig, entropy_cost: float
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """IMPALA's loss on a batch of unrolls, as named terms whose sum is minimised, and the
-    value targets ``[T, B]``.
+    value targets ``[T, B]``; the entropy bonus weighs ``entropy_cost`` (the config's, or
+    annealed: ``seedbed.agents.base.entropy_cost``).
 
     Step t of an unroll holds the observation and the action taken there; step t + 1 holds the
     reward for that action and whether the episode ended, so transitions pair ``[:-1]`` with
@@ -133,7 +134,7 @@ def vtrace_loss(
     terms = {
         "loss_policy": -(target_log_probs * advantages).mean(),
         "loss_baseline": config.baseline_cost * 0.5 * value_error.mean(),
-        "loss_entropy": -config.entropy_cost * CATEGORICAL.entropy(logits[:-1]).mean(),
+        "loss_entropy": -entropy_cost * CATEGORICAL.entropy(logits[:-1]).mean(),
     }
     return terms, targets.vs
 
@@ -217,7 +218,8 @@ class VTraceAgent:
         normalizers' statistics take in the batch: observations before the step, PopArt's value
         targets after it (moving them earlier would change weights the step's gradient reads)."""
         observe(self.network, batch)
-        terms, value_targets = vtrace_loss(self.network, batch, self.config)
+        cost = entropy_cost(self.config, self.optimizer)
+        terms, value_targets = vtrace_loss(self.network, batch, self.config, cost)
         metrics = optimizer_step(self.network, self.optimizer, terms, self.config.max_grad_norm)
         rescale_values(self.network, value_targets)
         return metrics
