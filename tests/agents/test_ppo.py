@@ -12,8 +12,15 @@ from torch.nn import functional as F
 from seedbed.agents import make_agent
 from seedbed.agents.base import entropy_cost
 from seedbed.agents.policies import GaussianPolicy
-from seedbed.agents.ppo.learning import batch_targets, gae, ppo_loss, prepared
+from seedbed.agents.ppo.learning import (
+    batch_targets,
+    gae,
+    ppo_loss,
+    prepared,
+    unroll_columns,
+)
 from seedbed.errors import ConfigError
+from seedbed.nets import make_actor_critic
 from seedbed.resolve import resolve
 from seedbed.runtime.lr_schedule import LearningRates
 from seedbed.runtime.train import train
@@ -184,6 +191,31 @@ def test_vtrace_advantages_on_policy_give_the_gae_returns():
     config.advantages = "gae"
     plain = batch_targets(agent.network, ready, config, agent.policy)
     assert torch.allclose(vtrace["returns"], plain["returns"], atol=1e-5)
+
+
+def test_minibatch_columns_are_indexing_in_the_batchs_layout():
+    """``unroll_columns`` is ``x[:, rows]``; prepared frames stay channels-last, so no pass
+    over a minibatch copies it to that layout again."""
+    torch.manual_seed(0)
+    atari = EnvSpec("atari:Pong", (4, 84, 84), "uint8", 6)
+    net = make_actor_critic(atari, (), None, torso="a3c", normalize_obs=True)
+    frames = torch.randint(0, 256, (5, 6, 4, 84, 84), dtype=torch.uint8)
+    net.obs_norm.update(frames)
+    prepared = net.prepare(frames)
+    rows = torch.tensor([4, 1, 3])
+    tensors = {
+        "frames": prepared,
+        "done": torch.rand(5, 6) < 0.5,
+        "logits": torch.randn(5, 6, 3),
+        "transposed": torch.randn(6, 5, 3).transpose(0, 1),  # not one block a step: indexed
+        "a frame per step": frames[:, :, :1],  # one channel of four: indexed
+        "single": torch.randn(5, 6, 1, 2),
+    }
+    for name, x in tensors.items():
+        columns = unroll_columns(x, rows)
+        assert torch.equal(columns, x[:, rows]), name
+    columns = unroll_columns(prepared, rows).reshape(-1, *atari.obs_shape)
+    assert columns.is_contiguous(memory_format=torch.channels_last)
 
 
 def test_gaussian_scores_match_torch_distributions():

@@ -16,6 +16,7 @@ the batch has moved the policy at all, and its step then teaches nothing.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -145,16 +146,46 @@ def prepared(net: ActorCriticNet, batch: Unrolls) -> Unrolls:
     return Unrolls(steps, batch.initial_state, batch.policy_version)
 
 
+def unroll_columns(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``x[:, rows]``: the unrolls ``rows`` of ``[T, B, ...]`` steps, in ``x``'s own layout.
+
+    Where each step's values are one dense block (a prepared frame stack, channels-last; any
+    ``[T, B]`` or ``[T, B, P]`` tensor), the blocks are copied whole by ``index_select`` over
+    a flat view of them. Indexing the 5-d frames gathers value by value, in twice the time,
+    and ``index_select`` on them directly would give up their channels-last layout.
+    """
+    steps, _, *inner = x.shape
+    size = math.prod(inner)
+    if x.stride(0) != x.shape[1] * size or x.stride(1) != size or not _dense(inner, x.stride()[2:]):
+        return x[:, rows]
+    flat = x.as_strided((steps, x.shape[1], size), (x.stride(0), size, 1))
+    out = flat.index_select(1, rows)
+    return out.as_strided((steps, len(rows), *inner), (len(rows) * size, size, *x.stride()[2:]))
+
+
+def _dense(shape: list[int], strides: tuple[int, ...]) -> bool:
+    """Whether dimensions of ``shape`` with ``strides`` cover one block with no gaps, in some
+    order of the dimensions."""
+    expected = 1
+    for size, stride in sorted(zip(shape, strides, strict=True), key=lambda d: d[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _select(
     batch: Unrolls, targets: dict[str, torch.Tensor], rows: torch.Tensor
 ) -> tuple[Unrolls, dict[str, torch.Tensor]]:
     """The unrolls ``rows`` of ``batch``, with their start states, and their targets."""
     part = Unrolls(
-        {k: v[:, rows] for k, v in batch.steps.items()},
+        {k: unroll_columns(v, rows) for k, v in batch.steps.items()},
         tuple(s[rows] for s in batch.initial_state),
         batch.policy_version[rows.cpu()],
     )
-    return part, {k: v[:, rows] for k, v in targets.items()}
+    return part, {k: unroll_columns(v, rows) for k, v in targets.items()}
 
 
 class PPOAgent(VTraceAgent):
