@@ -149,11 +149,13 @@ def prepared(net: ActorCriticNet, batch: Unrolls) -> Unrolls:
 def unroll_columns(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """``x[:, rows]``: the unrolls ``rows`` of ``[T, B, ...]`` steps, in ``x``'s own layout.
 
-    Where each step's values are one dense block (a prepared frame stack, channels-last; any
-    ``[T, B]`` or ``[T, B, P]`` tensor), the blocks are copied whole by ``index_select`` over
-    a flat view of them. Indexing the 5-d frames gathers value by value, in twice the time,
-    and ``index_select`` on them directly would give up their channels-last layout.
+    Where each step's values are one dense block (a prepared frame stack, channels-last), the
+    blocks are copied whole by ``index_select`` over a flat view of them. Indexing the 5-d
+    frames gathers value by value, in twice the time, and ``index_select`` on them directly
+    would give up their channels-last layout.
     """
+    if x.is_contiguous():
+        return x.index_select(1, rows)
     steps, _, *inner = x.shape
     size = math.prod(inner)
     if x.stride(0) != x.shape[1] * size or x.stride(1) != size or not _dense(inner, x.stride()[2:]):
