@@ -119,7 +119,7 @@ def test_atari_ids_get_their_family_defaults_below_files_and_flags(tmp_path):
     assert atari.train.batch == atari.train.num_envs == 16
     assert atari.agent.normalize_obs and atari.agent.popart and atari.agent.lr == 2.5e-4
     assert atari.agent.torso == "a3c" and atari.agent.shared_torso
-    assert atari.train.lr_schedule == "linear" and atari.train.total_frames == 15_000_000
+    assert atari.train.lr_schedule == "linear" and atari.train.total_frames == 20_000_000
     assert atari.agent.discount == 0.99 and atari.agent.reward_clip == 1.0
     vtrace = resolve([{"env": "atari:Pong", "agent": "vtrace"}])  # V-trace's own, A2C's layout
     assert vtrace.train.unroll == 5 and not vtrace.agent.normalize_advantages

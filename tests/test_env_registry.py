@@ -97,7 +97,7 @@ def test_ale_ids_are_atari_ids():
     pytest.importorskip("ale_py", reason="ale-py is not installed")
     config = resolve([{"env": "ALE/Pong-v5"}])
     assert config.train.env == "atari:Pong" and config.family == "atari"
-    assert config.train.agent == "ppo" and config.train.total_frames == 15_000_000  # Atari PPO's
+    assert config.train.agent == "ppo" and config.train.total_frames == 20_000_000  # Atari PPO's
     check_env_id("ALE/Breakout-v5")
     with pytest.raises(ConfigError, match=r"unknown Atari game 'Pongg'; did you mean atari:Pong"):
         check_env_id("ALE/Pongg-v5")
