@@ -149,33 +149,20 @@ def prepared(net: ActorCriticNet, batch: Unrolls) -> Unrolls:
 def unroll_columns(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """``x[:, rows]``: the unrolls ``rows`` of ``[T, B, ...]`` steps, in ``x``'s own layout.
 
-    Where each step's values are one dense block (a prepared frame stack, channels-last), the
-    blocks are copied whole by ``index_select`` over a flat view of them. Indexing the 5-d
-    frames gathers value by value, in twice the time, and ``index_select`` on them directly
-    would give up their channels-last layout.
+    Prepared frames (``[T, B, C, H, W]``, each stack channels-last) are copied a whole stack
+    at a time by ``index_select`` over a flat view of the stacks. Indexing the 5-d frames
+    gathers value by value, in twice the time, and ``index_select`` on them directly would
+    give up their channels-last layout.
     """
     if x.is_contiguous():
         return x.index_select(1, rows)
-    steps, _, *inner = x.shape
-    size = math.prod(inner)
-    if x.stride(0) != x.shape[1] * size or x.stride(1) != size or not _dense(inner, x.stride()[2:]):
+    steps, batch, *stack = x.shape
+    size = math.prod(stack)
+    frames = x.dim() == 5 and x.stride(0) == batch * x.stride(1) == batch * size
+    if not (frames and x[0].is_contiguous(memory_format=torch.channels_last)):
         return x[:, rows]
-    flat = x.as_strided((steps, x.shape[1], size), (x.stride(0), size, 1))
-    out = flat.index_select(1, rows)
-    return out.as_strided((steps, len(rows), *inner), (len(rows) * size, size, *x.stride()[2:]))
-
-
-def _dense(shape: list[int], strides: tuple[int, ...]) -> bool:
-    """Whether dimensions of ``shape`` with ``strides`` cover one block with no gaps, in some
-    order of the dimensions."""
-    expected = 1
-    for size, stride in sorted(zip(shape, strides, strict=True), key=lambda d: d[1]):
-        if size == 1:
-            continue
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+    out = x.as_strided((steps, batch, size), (batch * size, size, 1)).index_select(1, rows)
+    return out.as_strided((steps, len(rows), *stack), (len(rows) * size, size, *x.stride()[2:]))
 
 
 def _select(
