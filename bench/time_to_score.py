@@ -6,7 +6,8 @@ stops in order and writes summary.json) unless the 100-episode mean reached the 
 or the run its ``--total-frames``, first. From metrics.csv it takes the seconds from the
 command's start (the run's own clock plus the gap between the command's start and
 ``session_started_at``) and the emulator frames at which the 100-episode mean first passed each
-rung.
+rung. A second ladder counts a rung only once 100 episodes have finished on that side, so no
+rung is passed by the luck of a system's first few games.
 
 With ``--peer sample-factory`` it then runs Sample Factory 2.1.1's APPO on the same game, after
 seedbed and never beside it, with the Atari defaults of its own example
@@ -25,8 +26,8 @@ sides and printed.
 Prints one JSON on stdout: the machine, the ROM, and for each system its command, protocol,
 wall budget, frames, final mean return and ladder (seconds from its command's start and
 frames per rung, null where not reached), and seedbed's seconds over the peer's at each rung
-both reached. ``--out`` gets the figure (return against minutes from each command's start,
-rungs as lines), each run's metrics and logs. Progress goes to stderr.
+both reached, on both ladders. ``--out`` gets the figure (return against minutes from each
+command's start, rungs as lines), each run's metrics and logs. Progress goes to stderr.
 
     python bench/time_to_score.py --minutes 60 --peer sample-factory
     python bench/time_to_score.py --minutes 60 --protocol sticky
@@ -88,6 +89,13 @@ ALE_PTH = (
 SF_TRUE_SCORE = "policy_stats/avg_RecordEpisodeStatistics_reward"
 PRINTED_IS_SCORE = {"Pong"}  # no lives and only +-1 rewards: SF's training reward is the score
 STOP_GRACE_S = 180.0  # longest a run may take to stop after its signal
+WINDOW = 100  # episodes in each system's mean
+FULL_WINDOW = (
+    f"ladder_full_window and ratios_full_window count a rung only once {WINDOW} episodes have "
+    f"finished, so every mean is over {WINDOW} of them: seedbed's mean_return from the row where "
+    f"its episodes reach {WINDOW}, SF's true score (which it writes only from then). The plain "
+    "ladder also takes the means of the first few games, which time luck at low rungs"
+)
 STATISTICS = {
     "seedbed": "mean_return in metrics.csv: mean score of the latest 100 finished episodes "
     "(of all of them before 100 have finished)",
@@ -109,18 +117,29 @@ class Curve:
     seconds: list[float] = field(default_factory=list)
     frames: list[float] = field(default_factory=list)
     returns: list[float] = field(default_factory=list)
+    episodes: list[float] | None = None  # episodes finished by each point, where known
+
+    def _keep(self, keep: list[int]) -> Curve:
+        def pick(xs: list[float] | None) -> list[float] | None:
+            return None if xs is None else [float(xs[i]) for i in keep]
+
+        return Curve(*map(pick, (self.seconds, self.frames, self.returns, self.episodes)))
 
     def within(self, budget_s: float) -> Curve:
         """The points up to ``budget_s`` seconds, with a mean (nan ones dropped)."""
-        keep = [
-            i
-            for i, (s, r) in enumerate(zip(self.seconds, self.returns, strict=True))
-            if s <= budget_s and np.isfinite(r)
-        ]
-        seconds, frames, returns = (
-            [float(xs[i]) for i in keep] for xs in (self.seconds, self.frames, self.returns)
+        return self._keep(
+            [
+                i
+                for i, (s, r) in enumerate(zip(self.seconds, self.returns, strict=True))
+                if s <= budget_s and np.isfinite(r)
+            ]
         )
-        return Curve(seconds, frames, returns)
+
+    def full_window(self, window: int = WINDOW) -> Curve:
+        """The points whose mean is over a whole window of episodes, not the first few."""
+        if self.episodes is None:
+            raise ValueError("this curve does not know how many episodes each mean is over")
+        return self._keep([i for i, n in enumerate(self.episodes) if n >= window])
 
     def final(self) -> float | None:
         return self.returns[-1] if self.returns else None
@@ -324,7 +343,10 @@ def run_seedbed(game: str, args: argparse.Namespace, rungs: Sequence[float], tmp
     metrics = read_metrics(run)
     offset = summary["session_started_at"] - done.start
     curve = Curve(
-        list(metrics["wall_s"] + offset), list(metrics["frames"]), list(metrics["mean_return"])
+        list(metrics["wall_s"] + offset),
+        list(metrics["frames"]),
+        list(metrics["mean_return"]),
+        list(metrics["episodes"]),
     ).within(budget_s)
     for name in ("metrics.csv", "summary.json", "curve.png"):
         if (run / name).exists():
@@ -347,6 +369,7 @@ def run_seedbed(game: str, args: argparse.Namespace, rungs: Sequence[float], tmp
         "final_mean_return_100": summary["mean_return_100"],
         "statistic": STATISTICS["seedbed"],
         "ladder": ladder(curve, rungs),
+        "ladder_full_window": ladder(curve.full_window(), rungs),
         "_curves": {"seedbed": curve},
     }
 
@@ -467,6 +490,7 @@ def run_peer(
         "other_statistic": STATISTICS[other],
         "other_final_mean_return_100": stats[other].final(),
         "other_ladder": ladder(stats[other], rungs),
+        "ladder_full_window": ladder(true_score, rungs),
         "_curves": {"sample-factory (printed)": curve, "sample-factory (true score)": true_score},
     }
 
@@ -577,6 +601,12 @@ def main() -> None:
         "rom": rom,
         "systems": systems,
         "ratios": ratios(systems[0]["ladder"], systems[1]["ladder"]) if args.peer else None,
+        "ratios_full_window": (
+            ratios(systems[0]["ladder_full_window"], systems[1]["ladder_full_window"])
+            if args.peer
+            else None
+        ),
+        "full_window": FULL_WINDOW,
         "figure": str(figure),
         "out": str(out),
     }

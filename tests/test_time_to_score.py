@@ -6,6 +6,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from time_to_score import Curve, SampleFactoryLog, ladder, ratios  # noqa: E402
@@ -52,3 +54,16 @@ def test_sample_factory_log_pairs_each_mean_with_the_frames_printed_before_it():
         [-20.857, -20.625],
     )
     assert log.frames == 30720
+
+
+def test_full_window_ladder_ignores_means_of_the_first_few_episodes():
+    # A lucky first game reads -19 on the plain ladder; the full window waits for 100 games.
+    curve = Curve([5.0, 60.0, 90.0], [1, 2, 3], [-19.0, -20.5, -19.5], [1, 99, 100])
+    assert ladder(curve, [-20.0])[0]["seconds_from_command_start"] == 5.0
+    assert ladder(curve.full_window(), [-20.0])[0]["seconds_from_command_start"] == 90.0
+    assert curve.within(70.0).full_window().returns == []
+
+
+def test_full_window_needs_the_episode_counts():
+    with pytest.raises(ValueError, match="episodes"):
+        Curve([1.0], [1], [-20.0]).full_window()
