@@ -9,12 +9,31 @@
 #   5. a short R2D2 Pong run on the GPU, for its learner steps/s (summary.json).
 # docs/benchmarks.md records what they printed, with the machine.
 #
-#     bench/gpu.sh [OUT_DIR]        # on a machine with a GPU and the project installed
+# `pong` instead runs only the time to score (about 10 minutes, so a 15-minute device lease
+# holds one of the two): sticky Pong with the learner on the GPU, in the 16-core layout, to a
+# 100-episode mean of +18 or 9 minutes, whichever comes first; pong-tts.json has its ladder.
+#
+#     bench/gpu.sh [OUT_DIR] [checks|pong]   # on a machine with a GPU and the project installed
 set -u
 out=${1:-runs/gpu}
+what=${2:-checks}
+if [ "$what" != checks ] && [ "$what" != pong ]; then
+  echo "bench/gpu.sh: unknown check set '$what'; use checks or pong" >&2
+  exit 2
+fi
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
+layout_16core=(--env-backend envpool --actors 12 --envs-per-actor 16 --batch 96
+  --inference-batch 96 --queue-size 192)
+if [ "$what" = pong ]; then
+  # time_to_score stops the run itself at the budget; the outer limit only guards a hang.
+  timeout 580 python3 bench/time_to_score.py --minutes 9 --protocol sticky --out "$out/pong-tts" \
+    -- --device cuda --no-energy "${layout_16core[@]}" >"$out/pong-tts.json" 2>"$out/pong-tts.log"
+  echo "pong-tts: exit $?"
+  cat "$out/pong-tts.json"
+  exit 0
+fi
 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/runtime/test_cuda.py 2>&1 \
   | tee "$out/pytest.log"
 step() {  # NAME SECONDS COMMAND...: runs COMMAND within SECONDS, its stdout to NAME.json
@@ -27,8 +46,7 @@ step() {  # NAME SECONDS COMMAND...: runs COMMAND within SECONDS, its stdout to 
 step pong-cuda-default 90 python3 bench/throughput.py --env atari:Pong --device cuda --profile \
   --frames 1000000 -- --env-backend envpool
 step pong-cuda-16core 110 python3 bench/throughput.py --env atari:Pong --device cuda --profile \
-  --frames 3000000 -- --env-backend envpool --actors 12 --envs-per-actor 16 --batch 96 \
-  --inference-batch 96 --queue-size 192
+  --frames 3000000 -- "${layout_16core[@]}"
 step noop-cuda-16core 50 python3 bench/throughput.py --noop --device cuda --profile \
   --frames 5000000 -- --actors 12 --envs-per-actor 128 --inference-batch 1024
 step ingest-cuda 100 python3 bench/ingest.py --sizes atari,atari1 --actors-list 32,256 \
