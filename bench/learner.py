@@ -14,6 +14,7 @@ with as many threads as cores: small networks run slower on more threads).
     python bench/learner.py --env atari:Pong --batch 32 --unroll 20 --replicas 1 2
     python bench/learner.py --env atari:Pong --agent ppo --replicas 1 --torso-dtype float32
     python bench/learner.py --env atari:Pong --agent ppo --replicas 1 --torso a3c
+    python bench/learner.py --env atari:Pong --agent ppo --replicas 1 --set epochs=3
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def measure(env: str, agent: str, given: dict, steps: int, warmup: int) -> dict:
 
 def run(args: argparse.Namespace, env: str, replicas: int, steps: int, threads: int = 1) -> dict:
     given = {k: getattr(args, k) for k in ("batch", "unroll", "torso", "torso_dtype")}
+    given.update(args.set)
     config = settings(env, args.agent, given)
     batch, unroll = config.train.batch, config.train.unroll
     spec = (env, args.agent, given, steps, args.warmup)
@@ -109,6 +111,14 @@ def run(args: argparse.Namespace, env: str, replicas: int, steps: int, threads: 
     }
 
 
+def setting_value(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` as (name, value), with the flag's dashes as the setting's underscores."""
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name.removeprefix("--").replace("-", "_"), value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", nargs="+", default=["CartPole-v1", "atari:Pong"])
@@ -120,8 +130,16 @@ def main() -> None:
     parser.add_argument("--torso-dtype", choices=["float32", "bfloat16", "auto"])
     parser.add_argument("--steps", type=int, default=None, help="timed learner steps")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--set",
+        type=setting_value,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any other setting, as `seedbed train` names it (epochs=3, minibatches=2)",
+    )
     args = parser.parse_args()
-    report = {"machine": machine(), "agent": args.agent, "results": []}
+    report = {"machine": machine(), "agent": args.agent, "set": dict(args.set), "results": []}
     for env in args.env:
         steps = args.steps or (200 if not env.startswith("atari:") else 20)
         rows = [
