@@ -106,6 +106,11 @@ class TrainConfig:
         "learner processes; each serves its share of the actors and batch, and gradients are "
         "averaged every step (seedbed.replicate)",
     )
+    learner_process: bool = setting(
+        False,
+        "run the learner's updates in a process of their own, so they never wait on the "
+        "interpreter lock that central inference holds (small networks learn faster)",
+    )
     run_dir: str | None = setting(None, "run directory; none: runs/ENV-AGENT-TIMESTAMP")
     resume: bool = setting(False, "continue the run in --run-dir from its last checkpoint")
     checkpoint_every_s: float = setting(60.0, "seconds between periodic checkpoints")
@@ -208,6 +213,8 @@ class TrainConfig:
             raise ConfigError(f"--learner-replicas must be positive, got {self.learner_replicas}")
         if self.learner_replicas > 1:
             self._check_replicas()
+        if self.learner_process:
+            self._check_learner_process()
         self._check_inference()
         from seedbed.transport import check_transport  # no torch, and no backend unless valid
 
@@ -253,6 +260,17 @@ class TrainConfig:
             raise ConfigError(
                 "--listen does not work with --learner-replicas yet: remote actors need one "
                 "learner; use one replica, or local actors only"
+            )
+
+    def _check_learner_process(self) -> None:
+        if self.learner_replicas > 1:
+            raise ConfigError(
+                "--learner-process works with one learner replica (each replica already learns "
+                "in a process of its own); leave one of them off"
+            )
+        if self.device != "cpu":
+            raise ConfigError(
+                "--learner-process is for CPU runs for now; leave it off with --device cuda"
             )
 
     def replica_shard(self, replica_id: int) -> TrainConfig:

@@ -1,5 +1,6 @@
 """The learner's loop: take a batch, learn, publish the new parameters; every ``--log-every-s`` a
-metrics row and the stop rules, every ``--checkpoint-every-s`` a checkpoint.
+metrics row and the stop rules, every ``--checkpoint-every-s`` a checkpoint. The updates run in
+the loop's thread, or with ``--learner-process`` in a process of their own (``updates``).
 
 With ``--learner-replicas`` the replicas meet only after a learner step, where replica 0's clock
 and stop request decide for every replica whether to log, checkpoint or stop; a row's counters
@@ -16,7 +17,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from seedbed.framestack import restack
 from seedbed.inference.server import InferenceStats
 from seedbed.replicate import ReplicaContext
 from seedbed.runtime.lr_schedule import LearningRates
@@ -25,8 +25,8 @@ from seedbed.runtime.replica_stats import merge_stats
 from seedbed.runtime.rundir import RunFiles
 from seedbed.runtime.services import Services
 from seedbed.runtime.stopping import StopRules
+from seedbed.runtime.updates import InlineUpdates, LearnerProcess, Update
 from seedbed.telemetry import Stopwatch
-from seedbed.types import Unrolls
 
 
 class LearnerLoop:
@@ -50,9 +50,37 @@ class LearnerLoop:
         # checkpoint's, which holds that row's counters.
         self._row_frames = progress.frames
         self._row_batches = np.zeros(2, np.int64)  # inference batches and envs since that row
+        self.updates: InlineUpdates | LearnerProcess | None = None  # made by ``start``
+
+    def start(self) -> None:
+        """Make where the updates run, once the services are made (before they go, so that a
+        learner process starts beside the actors); ``close`` stops it."""
+        services, progress = self.services, self.progress
+        if services.layout.learner_process:
+            self.updates = LearnerProcess(
+                services.config,
+                services.spec,
+                self.agent,
+                services.buffer,
+                services.publisher,
+                progress.learner_steps,
+                services.threads["learner"],
+                self.learned,
+            )
+            return
         layout = services.layout
-        self.learning_rates = LearningRates(
+        rates = LearningRates(
             self.agent.optimizers(), layout.lr_schedule, layout.total_frames, layout.lr_hold_frames
+        )
+        self.updates = InlineUpdates(
+            self.agent,
+            services.buffer,
+            services.publisher,
+            self.replica.device,
+            rates,
+            progress.learner_steps,
+            self.learned,
+            self.stopwatch,
         )
 
     def run(self, start: float, save: Callable[[float], Any]) -> str:
@@ -65,12 +93,18 @@ class LearnerLoop:
         next_log = next_ckpt = time.perf_counter()
         next_log += cfg.log_every_s
         next_ckpt += cfg.checkpoint_every_s
-        watch = self.stopwatch
+        watch, updates = self.stopwatch, self.updates
+        separate = isinstance(updates, LearnerProcess)
         while True:
-            batch = queue.get(cfg.batch, timeout=0.05)
-            watch.lap("waiting_for_batch")
-            if batch is not None:
-                self._learn(batch)
+            batch = None
+            if updates.ready():
+                batch = queue.get(cfg.batch, timeout=0.05)
+                watch.lap("waiting_for_batch")
+                if batch is not None:
+                    updates.submit(batch, self.progress.frames)  # frames as of the last row
+            if separate:  # take the learner process's finished updates
+                updates.wait(0.0 if updates.ready() else 0.05)
+                watch.lap("waiting_for_learner")
             if supervisor.error is not None:
                 raise supervisor.error
             if replicated and batch is None:
@@ -96,22 +130,27 @@ class LearnerLoop:
                     save(now - start)
             watch.lap("logging_and_checkpoints")
 
-    def _learn(self, batch: Unrolls) -> None:
-        """One learner step on ``batch``, then the new parameters to inference."""
-        watch, progress = self.stopwatch, self.progress
-        # Frames stored once (--frame-stack-on learner) become stacks here, on the learner's
-        # device, so no agent knows where the stacks were built.
-        batch = restack(batch.to(self.replica.device))
-        # Frames as of the last row, the same on every replica (merged), so rates stay equal.
-        lr_fraction = self.learning_rates.update(progress.frames)
-        metrics = self.agent.learn(batch)
-        self.services.buffer.learned(batch)
-        watch.lap("learning")
-        progress.learner_steps += 1
-        self.services.publisher.publish(progress.learner_steps, batch)
-        watch.lap("publishing")
-        policy_lag = (progress.learner_steps - 1 - batch.policy_version).float().mean()
-        self.metrics.add({**metrics, "lr_fraction": lr_fraction}, policy_lag)
+    def close(self) -> None:
+        """Stop a learner process: after the run's final checkpoint, which needs its state."""
+        if self.updates is not None:
+            self.updates.close()
+
+    def learned(self, update: Update) -> None:
+        """Count one finished update and keep its metrics for the next row."""
+        self.progress.learner_steps += 1
+        self.metrics.add(update.metrics, update.policy_lag)
+
+    def agent_state(self) -> dict[str, Any]:
+        """The learning agent's state, after every update so far: what a checkpoint keeps."""
+        return self.updates.agent_state()
+
+    def time_shares(self) -> dict[str, dict[str, float]]:
+        """Where the learner's time went (the learner process's, with ``--learner-process``,
+        and then also the loop's that feeds it)."""
+        shares = {"learner": self.updates.time_shares()}
+        if isinstance(self.updates, LearnerProcess):  # the loop only feeds and publishes
+            shares["learner_loop"] = self.stopwatch.shares()
+        return shares
 
     def log_row(self, elapsed: float) -> str | None:
         """Take every replica's counters, log one row (replica 0), and say whether to stop.
@@ -164,7 +203,7 @@ class MetricsWindow:
         self._count = 0
         self._last_wall = wall_s
 
-    def add(self, metrics: dict[str, float], policy_lag: torch.Tensor) -> None:
+    def add(self, metrics: dict[str, float], policy_lag: float) -> None:
         for key, value in {**metrics, "policy_lag": float(policy_lag)}.items():
             self._sums[key] = self._sums.get(key, 0.0) + value
         self._count += 1

@@ -36,11 +36,12 @@ class Progress:
 
 
 def checkpoint_payload(
-    agent: Any, progress: Progress, wall_s: float, config: RunConfig
+    agent_state: dict[str, Any], progress: Progress, wall_s: float, config: RunConfig
 ) -> dict[str, Any]:
-    """What a checkpoint holds, ``wall_s`` being the run's wall time so far."""
+    """What a checkpoint holds: the agent's ``state_dict()``, the counters and the config,
+    ``wall_s`` being the run's wall time so far."""
     return {
-        "agent": agent.state_dict(),
+        "agent": agent_state,
         "frames": progress.frames,
         "learner_steps": progress.learner_steps,
         "wall_s": wall_s,

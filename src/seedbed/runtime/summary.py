@@ -117,4 +117,4 @@ def time_shares(services: Services, learner: LearnerLoop) -> dict[str, dict[str,
         else {}
     )
     inference = services.server.time_shares() if services.server else {}
-    return {"actors": actors, "inference": inference, "learner": learner.stopwatch.shares()}
+    return {"actors": actors, "inference": inference, **learner.time_shares()}

@@ -2,7 +2,8 @@
 
 ``train(config)`` and ``TrainingRun`` are the entry points; the runtime package is the only part
 that knows about processes, threads and the run directory. The learner runs in the calling
-thread; the inference server in a thread beside it; actors in spawned processes watched by the
+thread (its updates, with ``--learner-process``, in a process of their own); the inference
+server in a thread beside it; actors in spawned processes watched by the
 supervisor. ``TrainingRun`` only wires and runs; each of its parts has a module of its own:
 ``services`` (transport, inference, actors, gateway), ``learner_loop``, ``stopping`` (the stop
 rules), ``replica_stats`` (counters merged over replicas), ``progress`` (the counters and the
@@ -161,6 +162,7 @@ class TrainingRun:
             # Undone last to first, each step even when one before it fails or a third signal
             # interrupts it: shared memory and processes are released on every path.
             metric_files.callback(self.files.close_logger)
+            metric_files.callback(self.learner.close)  # after the final checkpoint
             with contextlib.ExitStack() as processes:
                 reason, error = "error", None
                 start = self._start(ctx, processes)  # a failed start trains nothing
@@ -186,6 +188,7 @@ class TrainingRun:
         cfg = self.layout
         processes.callback(self._energy_stop)  # undone last, after the services
         self.services.start(ctx, processes, self.progress.learner_steps)
+        self.learner.start()
         if self.primary:
             self.files.open_logger(self.config, self.console)
         # Replica 0 measures for all: CodeCarbon's machine mode counts the whole machine.
@@ -202,12 +205,14 @@ class TrainingRun:
 
     def _save(self, elapsed: float) -> Path:
         wall_s = self.progress.wall_offset + elapsed
-        payload = checkpoint_payload(self.agent, self.progress, wall_s, self.config)
+        agent_state = self.learner.agent_state()  # after every update so far
+        payload = checkpoint_payload(agent_state, self.progress, wall_s, self.config)
         keep = self.config.train.keep_checkpoints + 1
         return self.files.save_checkpoint(self.progress.frames, payload, keep)
 
     def _finish(self, reason: str, elapsed: float) -> dict[str, Any] | None:
         """The final row, checkpoint and summary (replica 0's); None on the other replicas."""
+        self.learner.updates.wait_all()  # a learner process's last updates count in the row
         self.learner.log_row(elapsed)  # the last row: the checkpoint's counters
         in_sync = replicas_in_sync(self.replica, self.agent.network)
         if not self.primary:
