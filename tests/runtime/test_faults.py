@@ -122,19 +122,28 @@ def _zombie(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("signals", "seed", "replicas"),
-    [(2, 0, 1), (2, 1, 1), (2, 2, 1), (3, 3, 1), (2, 4, 2)],
-    ids=["2a", "2b", "2c", "3", "2-replicated"],
+    ("signals", "seed", "layout"),
+    [
+        (2, 0, {}),
+        (2, 1, {}),
+        (2, 2, {}),
+        (3, 3, {}),
+        (2, 4, {"learner_replicas": 2}),
+        (2, 5, {"learner_process": True}),
+        (3, 6, {"learner_process": True}),
+    ],
+    ids=["2a", "2b", "2c", "3", "2-replicated", "2-learner-process", "3-learner-process"],
 )
-def test_repeated_stop_signals_never_lose_the_run(tmp_path, signals, seed, replicas):
+def test_repeated_stop_signals_never_lose_the_run(tmp_path, signals, seed, layout):
     """SIGTERM to the learner, then more to its whole group (as ``timeout`` sends them, or a
     user pressing Ctrl-C again), at random moments: checkpoints are written every 0.3 s, so
     some land while one is being written. Two signals keep the final checkpoint, summary and
     curve; a third stops at once and keeps the complete checkpoints written until then. With
-    two learner replicas the launcher alone acts on them."""
+    two learner replicas the launcher alone acts on them; an update process of its own
+    (``--learner-process``) leaves them to the learner too."""
     rng = random.Random(seed)
     run, before = tmp_path / "r", shm_blocks()
-    proc = start(run, learner_replicas=replicas)
+    proc = start(run, **layout)
     tree = wait_for_checkpoints(run, proc)
     time.sleep(rng.uniform(0.0, 0.3))
     proc.send_signal(signal.SIGTERM)
@@ -177,6 +186,26 @@ def test_a_learner_killed_while_writing_a_checkpoint_resumes(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert_kept(run, [], before)
+
+
+def test_a_killed_update_process_ends_the_run_in_one_line(tmp_path):
+    """SIGKILL the learner's update process (``--learner-process``): the run stops with one line
+    that says how to go on, keeps its complete checkpoints and leaves nothing behind."""
+    run, before = tmp_path / "r", shm_blocks()
+    proc = start(run, learner_process=True)
+    tree = wait_for_checkpoints(run, proc)
+    spawned = [
+        p
+        for p in psutil.Process(proc.pid).children()
+        if "spawn_main" in " ".join(p.cmdline())  # actors come from the fork server instead
+    ]
+    assert len(spawned) == 1, spawned
+    spawned[0].kill()
+    code, _, err = finish(proc, timeout=60)
+    assert code == 2, err[-3000:]
+    assert_one_line_error(err, "learner process ended unexpectedly", "--resume")
+    assert not (run / "summary.json").exists()
+    assert_kept(run, tree, before)
 
 
 def test_actors_killed_mid_step_are_replaced(tmp_path):
