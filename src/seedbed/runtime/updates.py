@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import logging
 import signal
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -39,8 +38,6 @@ from seedbed.runtime.lr_schedule import LearningRates
 from seedbed.telemetry import Stopwatch
 from seedbed.types import Buffer, EnvSpec, ReplayInfo, Unrolls
 
-log = logging.getLogger(__name__)
-
 SLOTS = 2  # batches in the learner process's hands: one learned from, the next copied in
 JOIN_S = 10.0  # how long an orderly stop waits for the learner process to end
 
@@ -58,6 +55,18 @@ def policy_lag(batch: Unrolls, version: int) -> float:
     """How many updates behind ``version`` (the update that learned from ``batch``) the policy
     that acted each of its unrolls was, on average."""
     return float((version - 1 - batch.policy_version).float().mean())
+
+
+def learn_step(
+    agent: Any, rates: LearningRates, batch: Unrolls, frames: int, device: torch.device
+) -> tuple[Unrolls, dict[str, float]]:
+    """One update from ``batch`` at the learning rates for ``frames``, wherever it runs: the
+    batch as learned from and the agent's metrics with ``lr_fraction``."""
+    # Frames stored once (--frame-stack-on learner) become stacks here, on the learner's
+    # device, so no agent knows where the stacks were built.
+    batch = restack(batch.to(device))
+    fraction = rates.update(frames)
+    return batch, {**agent.learn(batch), "lr_fraction": fraction}
 
 
 class InlineUpdates:
@@ -84,17 +93,13 @@ class InlineUpdates:
     def submit(self, batch: Unrolls, frames: int) -> None:
         """Learn from ``batch`` now, at the rates for ``frames``, and publish the result."""
         watch = self.stopwatch
-        # Frames stored once (--frame-stack-on learner) become stacks here, on the learner's
-        # device, so no agent knows where the stacks were built.
-        batch = restack(batch.to(self.device))
-        fraction = self.learning_rates.update(frames)
-        metrics = self.agent.learn(batch)
+        batch, metrics = learn_step(self.agent, self.learning_rates, batch, frames, self.device)
         self.buffer.learned(batch)
         watch.lap("learning")
         self.steps += 1
         self.publisher.publish(self.steps, batch)
         watch.lap("publishing")
-        self.learned(Update({**metrics, "lr_fraction": fraction}, policy_lag(batch, self.steps)))
+        self.learned(Update(metrics, policy_lag(batch, self.steps)))
 
     def wait(self, timeout: float) -> None:
         """Nothing to wait for: every update finished in ``submit``."""
@@ -330,9 +335,7 @@ def _learner_main(
                 slots = message[1]
             elif kind == "learn":
                 _, slot, frames = message
-                batch = restack(slots[slot].to(device))
-                fraction = rates.update(frames)
-                metrics = agent.learn(batch)
+                batch, metrics = learn_step(agent, rates, slots[slot], frames, device)
                 steps += 1
                 watch.lap("learning")
                 with lock, torch.no_grad():
@@ -343,7 +346,6 @@ def _learner_main(
                 priorities = None if replay is None else replay.priorities
                 if priorities is not None:  # as plain bytes: no shared memory per update
                     priorities = priorities.detach().to("cpu", torch.float32).numpy()
-                metrics = {**metrics, "lr_fraction": fraction}
                 lag = policy_lag(batch, steps)
                 conn.send(("learned", slot, metrics, lag, priorities, dict(watch.seconds)))
             elif kind == "state":
