@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -30,14 +31,25 @@ def shm_blocks() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith("psm_")}
 
 
-def leaked_shm(before: set[str]) -> set[str]:
-    """Blocks made since ``before`` that no process outside this test's own tree holds.
+def leaked_shm(before: set[str], settle_s: float = 10.0) -> set[str]:
+    """Blocks made since ``before`` that no process outside this test's own tree holds, and that
+    are still there ``settle_s`` seconds on.
 
-    Another seedbed run beside the suite (or another test session) makes and frees blocks of its
-    own meanwhile; while it runs, its processes map or hold them open, so they are not counted.
+    Another seedbed run beside the suite (another test on a parallel worker, or another test
+    session) makes and frees blocks of its own meanwhile; while it runs, its processes map or
+    hold them open, so they are not counted. A run killed there leaves its blocks unheld for the
+    moment its resource tracker takes to unlink them: the wait lets them go.
     """
+    deadline = time.monotonic() + settle_s
+    while True:
+        unheld = _unheld(shm_blocks() - before)
+        if not unheld or time.monotonic() >= deadline:
+            return unheld
+        time.sleep(0.2)
 
-    new = shm_blocks() - before
+
+def _unheld(new: set[str]) -> set[str]:
+    """The blocks among ``new`` that no process outside this test's own tree maps or holds open."""
     if not new:
         return set()
     me = psutil.Process()
@@ -149,8 +161,6 @@ def finish(proc, timeout: float = 240) -> tuple[int, str, str]:
 
 def wait_for_frames(run_dir: Path, frames: int, proc) -> None:
     """Wait until the run in ``run_dir`` has logged ``frames``, while ``proc`` stays alive."""
-    import time
-
     from seedbed.telemetry import read_metrics
 
     deadline = time.monotonic() + 120

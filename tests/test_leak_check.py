@@ -58,7 +58,7 @@ def test_a_block_this_test_left_behind_is_a_leak(foreign_block):
     left = shared_memory.SharedMemory(create=True, size=64)
     try:
         left.close()  # closed but never unlinked: nobody holds it any more
-        assert leaked_shm(before) == {left.name}
+        assert leaked_shm(before, settle_s=0) == {left.name}
     finally:
         left.unlink()
     assert leaked_shm(before) == set()

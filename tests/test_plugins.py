@@ -129,6 +129,7 @@ def test_a_remote_actor_imports_the_plugins_it_is_assigned(tmp_path, no_leaks, p
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # beside the other Ray tests (test_launch.py)
 def test_ray_actors_import_the_plugins(tmp_path, plugin_on_path):
     pytest.importorskip("ray", reason="Ray is the 'ray' extra (in dev)")
     from tests.runtime.test_launch import launch  # Ray's own tests: skipped without Ray

@@ -76,6 +76,7 @@ def test_a_remote_actor_imports_the_users_module(tmp_path, no_leaks, examples_on
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # beside the other Ray tests (test_launch.py)
 def test_ray_actors_import_the_users_module(tmp_path, nothing_left_behind, examples_on_path):  # noqa: F811
     code, _, err = finish(launch(tmp_path / "run", "--env", CORRIDOR, *SOLVED))
     assert code == 0, err[-3000:]

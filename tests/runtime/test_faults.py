@@ -107,7 +107,7 @@ def assert_nothing_left(tree: list[int], shm_before: set[str], wait_s: float = 1
     deadline = time.monotonic() + wait_s
     while True:
         alive = [p for p in tree if psutil.pid_exists(p) and not _zombie(p)]
-        leaked = leaked_shm(shm_before)
+        leaked = leaked_shm(shm_before, settle_s=0)  # this loop waits
         if not (alive or leaked) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
