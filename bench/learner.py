@@ -15,6 +15,7 @@ with as many threads as cores: small networks run slower on more threads).
     python bench/learner.py --env atari:Pong --agent ppo --replicas 1 --torso-dtype float32
     python bench/learner.py --env atari:Pong --agent ppo --replicas 1 --torso a3c
     python bench/learner.py --env atari:Pong --agent ppo --replicas 1 --set epochs=3
+    python bench/learner.py --env atari:Pong --agent ppo --replicas 1 --ops 8   # where time goes
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def settings(env: str, agent: str, given: dict):
     return resolve([{"env": env, "agent": agent, **{k: v for k, v in given.items() if v}}])
 
 
-def measure(env: str, agent: str, given: dict, steps: int, warmup: int) -> dict:
-    """One replica's part: learn ``steps`` times on its share of the batch; its steps/s."""
+def measure(env: str, agent: str, given: dict, steps: int, warmup: int, ops: int = 0) -> dict:
+    """One replica's part: learn ``steps`` times on its share of the batch; its steps/s, and
+    with ``ops`` the ops that took the most of one more step's time (torch.profiler)."""
     with Replicator(device="cpu") as rep:
         config = settings(env, agent, given)
         batch, unroll = config.train.batch, config.train.unroll
@@ -82,7 +84,31 @@ def measure(env: str, agent: str, given: dict, steps: int, warmup: int) -> dict:
         rep.barrier()
         seconds = time.perf_counter() - start
         dtype = str(getattr(agent.network, "torso_dtype", torch.float32))
-        return {"seconds": seconds, "threads": torch.get_num_threads(), "torso_dtype": dtype}
+        out = {"seconds": seconds, "threads": torch.get_num_threads(), "torso_dtype": dtype}
+        if ops:
+            out["top_ops"] = top_ops(agent, unrolls, ops)
+        return out
+
+
+def top_ops(agent, unrolls: Unrolls, count: int) -> list[dict]:
+    """The ``count`` ops (by name and input shapes) with the most self CPU time in one
+    ``agent.learn``: milliseconds and calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        agent.learn(unrolls)
+    events = sorted(
+        prof.key_averages(group_by_input_shape=True), key=lambda e: -e.self_cpu_time_total
+    )
+    return [
+        {
+            "op": e.key,
+            "shapes": str(e.input_shapes),
+            "ms": round(e.self_cpu_time_total / 1e3, 1),
+            "calls": e.count,
+        }
+        for e in events[:count]
+    ]
 
 
 def run(args: argparse.Namespace, env: str, replicas: int, steps: int, threads: int = 1) -> dict:
@@ -93,7 +119,7 @@ def run(args: argparse.Namespace, env: str, replicas: int, steps: int, threads: 
     spec = (env, args.agent, given, steps, args.warmup)
     if replicas == 1:
         torch.set_num_threads(threads)
-        results = [measure(*spec)]
+        results = [measure(*spec, args.ops)]
     else:  # spawn gives each replica its share of the cores
         results = spawn(replicas, measure, *spec)
     seconds = max(r["seconds"] for r in results)
@@ -108,6 +134,7 @@ def run(args: argparse.Namespace, env: str, replicas: int, steps: int, threads: 
         "learner_steps_per_s": round(steps / seconds, 2),
         "samples_per_s": round(samples, 1),
         "frames_per_s": round(samples * (4 if env.startswith("atari:") else 1), 1),
+        **({"top_ops": results[0]["top_ops"]} if "top_ops" in results[0] else {}),
     }
 
 
@@ -130,6 +157,9 @@ def main() -> None:
     parser.add_argument("--torso-dtype", choices=["float32", "bfloat16", "auto"])
     parser.add_argument("--steps", type=int, default=None, help="timed learner steps")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--ops", type=int, default=0, help="with one replica, the N ops that took the most time"
+    )
     parser.add_argument(
         "--set",
         type=setting_value,

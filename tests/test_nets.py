@@ -72,6 +72,26 @@ def test_torsos_differ_as_published():
     assert [c.out_channels for c in convs] == [16] * 5 + [32] * 5 + [32] * 5
 
 
+def test_image_torsos_keep_the_parameter_names_of_earlier_checkpoints():
+    # Checkpoints name parameters by their place in the torso's Sequential: moving a layer
+    # without parameters (the last ReLU went after the flatten) must not shift the others.
+    a3c = make_actor_critic(ATARI, (), None, torso="a3c").torso.state_dict()
+    assert list(a3c) == [
+        f"{m}.{k}" for m in ("convs.0", "convs.2", "fc.0") for k in ("weight", "bias")
+    ]
+    nature = make_actor_critic(ATARI, (), None, torso="nature").torso.state_dict()
+    names = ("convs.0", "convs.2", "convs.4", "fc.0")
+    assert list(nature) == [f"{m}.{k}" for m in names for k in ("weight", "bias")]
+    impala = list(make_actor_critic(ATARI, (), None, torso="impala").torso.state_dict())
+    assert impala[:3] == ["stacks.0.weight", "stacks.0.bias", "stacks.2.conv0.weight"]
+    assert impala[-4:] == [
+        "stacks.11.conv1.weight",
+        "stacks.11.conv1.bias",
+        "fc.0.weight",
+        "fc.0.bias",
+    ]
+
+
 def test_mlp_on_vectors_and_image_torso_refused_for_vectors():
     net = make_actor_critic(VECTOR, (16,), None, torso="mlp")
     logits, values, _ = net(*inputs(VECTOR, 2, 4), ())

@@ -68,6 +68,15 @@ def _images(obs: torch.Tensor) -> torch.Tensor:
     return _scaled(obs.contiguous(memory_format=torch.channels_last))
 
 
+def _flat_relu() -> tuple[nn.Module, nn.Module]:
+    """The ReLU after an image torso's last convolution, with the flatten before it: the same
+    values, but its backward then meets the gradient in the layout its output has. After the
+    channels-last convolution that output was channels-last and the gradient, coming back
+    through the flatten, plain contiguous, and the mismatched backward took 15x as long
+    per value: a tenth of a Pong PPO batch on one thread (docs/benchmarks.md)."""
+    return nn.Flatten(), nn.ReLU()
+
+
 class NatureCNN(nn.Module):
     """The DQN torso of Mnih et al. (2015): three convolutions and a 512-unit layer."""
 
@@ -84,7 +93,7 @@ class NatureCNN(nn.Module):
         for channels, kernel, stride in self.CONVS:
             layers += [nn.Conv2d(depth, channels, kernel, stride=stride), nn.ReLU()]
             depth = channels
-        self.convs = nn.Sequential(*layers, nn.Flatten())
+        self.convs = nn.Sequential(*layers[:-1], *_flat_relu())
         with torch.no_grad():
             flat = self.convs(torch.zeros(1, *obs_shape)).shape[1]
         self.fc = nn.Sequential(nn.Linear(flat, self.OUT_SIZE), nn.ReLU())
@@ -138,7 +147,7 @@ class ImpalaResNet(nn.Module):
                 _ResidualBlock(width),
             ]
             depth = width
-        self.stacks = nn.Sequential(*stacks, nn.ReLU(), nn.Flatten())
+        self.stacks = nn.Sequential(*stacks, *_flat_relu())
         with torch.no_grad():
             flat = self.stacks(torch.zeros(1, *obs_shape)).shape[1]
         self.fc = nn.Sequential(nn.Linear(flat, out_size), nn.ReLU())
