@@ -33,6 +33,10 @@ def _report(endpoint, queue, seed: int) -> None:
             "pid": os.getpid(),
         }
     )
+    # Flush before anyone may kill us: an actor killed while its queue's feeder thread holds
+    # the queue's write lock would leave the lock taken, and its restart could never report.
+    queue.close()
+    queue.join_thread()
     time.sleep(60)
 
 
