@@ -182,7 +182,6 @@ class ToyFamily(EnvFamily):
     name = "toy"
     prefix = "toy:"
     settings_class = ToySettings
-    defaults = {"total_frames": 1234, "target_return": None, "agent": "vtrace"}
 
     def check(self, env_id: str) -> None:
         if env_id != "toy:box":
@@ -196,8 +195,14 @@ class ToyFamily(EnvFamily):
 
 
 @pytest.fixture
-def toy_family():
-    register(ToyFamily())
+def toy_family(tmp_path):
+    """The toy family, with presets of its own: toy.yaml, and toy/vtrace.yaml for one agent."""
+    family = ToyFamily()
+    family.presets = tmp_path
+    (tmp_path / "toy.yaml").write_text("total_frames: 1234\ntarget_return: null\nagent: vtrace\n")
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "vtrace.yaml").write_text("lr: 0.003\ntoy_width: 4\n")
+    register(family)
     yield
     unregister("toy")
 
@@ -218,7 +223,9 @@ def test_a_registered_family_has_its_defaults_section_and_flags(toy_family):
     assert env_family("toy:box") == "toy"
     config = resolve([{"env": "toy:box"}])
     assert config.train.total_frames == 1234 and config.train.agent == "vtrace"
-    assert config.env_settings == ToySettings() and config.to_dict()["toy"] == {"toy_width": 3}
+    assert config.agent.lr == 0.003  # the family's own preset for the agent
+    assert config.env_settings == ToySettings(4) and config.to_dict()["toy"] == {"toy_width": 4}
+    assert resolve([{"env": "toy:box", "agent": "ppo"}]).env_settings == ToySettings()
     nested = resolve([{"env": "toy:box", "toy": {"toy_width": 7}, "total_frames": 99}])
     assert nested.env_settings == resolve([{"env": "toy:box", "toy_width": "7"}]).env_settings
     assert nested.train.total_frames == 99  # the user's layers win over the family's defaults

@@ -78,11 +78,11 @@ def test_the_help_of_a_plugin_run_lists_its_settings(plugin_on_path):
 
 
 def test_plugins_in_a_config_file_are_imported_before_its_flags_are_read(tmp_path, plugin_on_path):
-    from seedbed.cli import _import_named_plugins, _settings_layers
+    from seedbed.cli import _preparse, _settings_layers
 
     path = tmp_path / "run.yaml"
     path.write_text("plugins: [seedbed_toyplug]\nenv: toyplug:CartPole-v1\n")
-    _import_named_plugins(["train", "--config", str(path)])
+    _preparse(["train", "--config", str(path)])
     args = build_parser().parse_args(["train", "--config", str(path), "--reward-scale", "2"])
     config = resolve(_settings_layers(args))
     assert config.family == "toyplug" and config.env_settings.reward_scale == 2.0

@@ -18,40 +18,60 @@ from seedbed import __version__
 from seedbed.config import TrainConfig, add_arguments, check_address, coerce, load_yaml
 from seedbed.errors import SeedbedError
 from seedbed.plugins import import_plugins
-from seedbed.resolve import resolve
+from seedbed.resolve import Layer, explain, resolve, resolve_with_sources
 
 
-def _add_settings(p: argparse.ArgumentParser) -> None:
-    """``--config`` and one flag per run, env family and agent setting."""
+def _add_settings(p: argparse.ArgumentParser, shown: dict[str, Any] | None) -> None:
+    """``--config``, ``--print-config`` and one flag per run, env family and agent setting;
+    ``shown``: the defaults ``--help`` shows (the preset's for the env and agent typed)."""
     from seedbed.agents import AGENTS, config_class
     from seedbed.envs import families
 
     p.add_argument("--config", metavar="FILE.yaml", help="YAML file of settings", default=None)
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the settings this run would use, each with where it comes from (built-in, "
+        "preset, --config, flag), as a YAML file --config takes; then exit",
+    )
     seen: set[str] = set()
-    add_arguments(p.add_argument_group("run settings"), TrainConfig, seen)
+    add_arguments(p.add_argument_group("run settings"), TrainConfig, seen, shown)
     for family in families():
         if not dataclasses.fields(family.settings_class):
             continue  # no settings: no group in --help
         ids = f"{family.prefix}... ids" if family.prefix else "its ids"
         group = p.add_argument_group(f"{family.name} settings ({ids}; YAML: {family.name}: ...)")
-        add_arguments(group, family.settings_class, seen)
+        add_arguments(group, family.settings_class, seen, shown)
     for name in AGENTS:
-        add_arguments(p.add_argument_group(f"{name} agent settings"), config_class(name), seen)
+        add_arguments(
+            p.add_argument_group(f"{name} agent settings"), config_class(name), seen, shown
+        )
+
+
+def _named_layers(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> list[Layer]:
+    """The setting layers the user gave, named: a resumed run's config, --config, then flags."""
+    own = ("command", "config", "verbose", "print_config", *skip)
+    flags = {k: v for k, v in vars(args).items() if k not in own}
+    layers: list[Layer] = []
+    if flags.get("resume") and flags.get("run_dir"):
+        saved = Path(flags["run_dir"]) / "config.yaml"
+        if saved.is_file():
+            layers.append((f"resumed {saved}", load_yaml(saved)))
+    if args.config:
+        layers.append((f"--config {args.config}", load_yaml(args.config)))
+    layers.append(("flag", flags))
+    return layers
 
 
 def _settings_layers(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> list[dict]:
     """The setting layers the user gave: a resumed run's config, --config, then flags."""
-    own = ("command", "config", "verbose", *skip)
-    flags = {k: v for k, v in vars(args).items() if k not in own}
-    layers = []
-    if flags.get("resume") and flags.get("run_dir"):
-        saved = Path(flags["run_dir"]) / "config.yaml"
-        if saved.is_file():
-            layers.append(load_yaml(saved))
-    if args.config:
-        layers.append(load_yaml(args.config))
-    layers.append(flags)
-    return layers
+    return [values for _, values in _named_layers(args, skip)]
+
+
+def _print_config(layers: list[Layer]) -> int:
+    config, sources = resolve_with_sources(layers)
+    print(explain(config, sources))
+    return 0
 
 
 def _report(summary: dict[str, Any]) -> int:
@@ -87,21 +107,27 @@ def _energy_line(energy: dict[str, Any]) -> str:
     )
 
 
-def _train_parser(subparsers: Any) -> None:
+def _train_parser(subparsers: Any, shown: dict[str, Any] | None) -> None:
+    default = resolve([]).train
     p = subparsers.add_parser(
         "train",
-        help="train an agent (default: V-trace on CartPole-v1, to a mean return of 475)",
-        description="Train an agent with central inference. Settings come from the defaults, "
-        "then --config FILE.yaml, then flags (flags win).",
+        help=f"train an agent (default: {default.agent} on {default.env}, to a mean return of "
+        f"{default.target_return:g})",
+        description="Train an agent with central inference. Settings come from the built-in "
+        "defaults, then the preset of the env's family and agent (seedbed/presets), then "
+        "--config FILE.yaml, then flags (flags win). With --env (and --agent), --help shows "
+        "that env's defaults; --print-config shows a run's settings and where each comes from.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    _add_settings(p)
+    _add_settings(p, shown)
     p.set_defaults(command=cmd_train)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from seedbed.runtime.train import train
 
+    if args.print_config:
+        return _print_config(_named_layers(args))
     config = resolve(_settings_layers(args))
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop ends the run as Ctrl-C does
     summary = train(config)  # which stops in order at a signal (runtime/signals.py)
@@ -112,7 +138,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return _report(summary)
 
 
-def _launch_parser(subparsers: Any) -> None:
+def _launch_parser(subparsers: Any, shown: dict[str, Any] | None) -> None:
     p = subparsers.add_parser(
         "launch",
         help="train on a Ray cluster: the learner and --actors remote actors as Ray actors",
@@ -137,14 +163,17 @@ def _launch_parser(subparsers: Any) -> None:
         help="if the cluster has no room for every actor, start as many as fit instead of "
         "refusing to start",
     )
-    _add_settings(p)
+    _add_settings(p, shown)
     p.set_defaults(command=cmd_launch)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
     from seedbed.launch import Placement, launch, resolve_run_dir
 
-    layers = _settings_layers(args, skip=("ray", "actor_cpus", "learner_cpus", "fit_actors"))
+    skip = ("ray", "actor_cpus", "learner_cpus", "fit_actors")
+    if args.print_config:
+        return _print_config(_named_layers(args, skip))
+    layers = _settings_layers(args, skip)
     train = resolve(layers).train  # here --actors counts the Ray actors
     # Every actor is remote: the learner listens (on the cluster, launch widens it with a token).
     layers.append({"actors": 0, "remote_actors": train.actors, "listen": "127.0.0.1:0"})
@@ -265,7 +294,9 @@ def cmd_replicate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(shown: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The ``seedbed`` parser; ``shown``: the setting defaults ``--help`` shows (None: each
+    setting's built-in one)."""
     parser = argparse.ArgumentParser(
         prog="seedbed",
         description="Fast, cheap reinforcement learning: central inference on PyTorch.",
@@ -273,9 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"seedbed {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
-    _train_parser(subparsers)
+    _train_parser(subparsers, shown)
     _eval_parser(subparsers)
-    _launch_parser(subparsers)
+    _launch_parser(subparsers, shown)
     _actor_parser(subparsers)
     _plot_parser(subparsers)
     _replicate_parser(subparsers)
@@ -286,34 +317,55 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _import_named_plugins(argv: list[str]) -> None:
-    """Import the plug-ins that ``--plugins`` and a ``--config`` file name, before the parser is
-    built: the agents and env families they register bring flags of their own."""
+def _preparse(argv: list[str]) -> dict[str, Any] | None:
+    """Before the parser is built: import the plug-ins that ``--plugins`` and a ``--config``
+    file name (the agents and env families they register bring flags of their own), and, for
+    ``--help``, resolve the defaults of the env and agent typed, which it shows.
+
+    Returns:
+        Each setting's default for the typed env and agent (None: the command takes no
+        settings, or they do not resolve yet, when the full parser's errors say more).
+    """
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     if command not in ("train", "launch"):
-        return  # the other commands take no settings (replicate's script has flags of its own)
+        return None  # the other commands take no settings (replicate's script has flags of its own)
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-    pre.add_argument("--plugins", default=None)
-    pre.add_argument("--config", default=None)
+    for name in ("--plugins", "--config", "--env", "--agent"):
+        pre.add_argument(name, default=None)
     try:
         known, _ = pre.parse_known_args(argv)
     except argparse.ArgumentError:
-        return  # e.g. --plugins without a value: the full parser says so
+        return None  # e.g. --plugins without a value: the full parser says so
     named = load_yaml(known.config).get("plugins") if known.config else None
     for value in (named, known.plugins):
         if value is not None:
             import_plugins(coerce("plugins", value, tuple[str, ...]))
+    if not {"-h", "--help"} & set(argv):
+        return None
+    typed = {k: v for k, v in (("env", known.env), ("agent", known.agent)) if v is not None}
+    layers = [load_yaml(known.config)] if known.config else []
+    try:
+        config = resolve([*layers, typed])
+    except SeedbedError:
+        return None
+    return {k: v for section in _flat(config.to_dict()) for k, v in section.items()}
+
+
+def _flat(settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's settings, then each nested section's (the agent's, the env family's)."""
+    run = {k: v for k, v in settings.items() if not isinstance(v, dict)}
+    return [run, *(v for v in settings.values() if isinstance(v, dict))]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``seedbed`` command; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        _import_named_plugins(argv)
+        shown = _preparse(argv)
     except SeedbedError as e:
         print(f"seedbed: error: {e}", file=sys.stderr)
         return 2
-    parser = build_parser()
+    parser = build_parser(shown)
     args = parser.parse_args(argv)
     if not hasattr(args, "command"):
         parser.print_help()

@@ -42,10 +42,11 @@ class TrainConfig:
         "environment id: a Gymnasium id, atari:GAME (e.g. atari:Pong), dmc:DOMAIN-TASK, "
         "football:SCENARIO, dmlab:LEVEL, or your own module:EnvId",
     )
+    # The env's preset names the agent it trains with by default (seedbed.presets).
     agent: str = setting(
         "vtrace",
-        "learning algorithm (the default depends on the env: ppo for Gymnasium's classic and "
-        "MuJoCo ids and for Atari, vtrace for the rest)",
+        "learning algorithm; its default is the env's preset's (seedbed/presets/ROW.yaml): "
+        "--print-config shows it",
     )
     actors: int = setting(2, "actor processes, each stepping --envs-per-actor environments")
     envs_per_actor: int = setting(32, "environments each actor steps together")
@@ -432,19 +433,25 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def add_arguments(group: argparse._ArgumentGroup, cls: type, seen: set[str]) -> None:
+def add_arguments(
+    group: argparse._ArgumentGroup,
+    cls: type,
+    seen: set[str],
+    shown: dict[str, Any] | None = None,
+) -> None:
     """Add one flag per field of ``cls`` (skipping names in ``seen``); defaults stay unset.
 
     Flags default to ``argparse.SUPPRESS`` so that only the flags a user typed override the
-    YAML file; the help text still shows the dataclass default.
+    YAML file; the help text shows the default in ``shown`` (a preset's), else the dataclass's.
     """
+    shown = shown or {}
     for f, tp in fields(cls):
         if f.name in seen:
             continue
         seen.add(f.name)
-        default = f.default
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        helptext = f.metadata.get("help", "") + (f" (default: {shown})" if shown != "" else "")
+        default = shown.get(f.name, f.default)
+        text = ",".join(map(str, default)) if isinstance(default, tuple | list) else default
+        helptext = f.metadata.get("help", "") + (f" (default: {text})" if text != "" else "")
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": helptext}
         if tp is bool:
             kwargs["action"] = argparse.BooleanOptionalAction

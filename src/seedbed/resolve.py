@@ -1,11 +1,13 @@
-"""Resolve a run's settings: the layers a user gave, over the defaults of the env's family and of
-the agent, into one validated ``RunConfig``.
+"""Resolve a run's settings: the preset of the env's family and agent, then the layers a user
+gave, over the built-in defaults, into one validated ``RunConfig``.
 
 It sits above the three kinds of settings it merges: the run's (``seedbed.config``), the env
 family's (``seedbed.envs``, e.g. ``atari: {sticky_actions: 0.0}``) and the agent's (its
-``config.py``). Each layer may hold the family's and the agent's settings flat, as flags give
-them (``sticky_actions``, ``lr``), or nested under the family's or agent's name, as the saved
-``config.yaml`` does.
+``config.py``). One order of precedence, later layers winning: built-in defaults, the preset
+(``seedbed.presets``: ``ROW.yaml``, then ``ROW/AGENT.yaml``), then the user's layers (a resumed
+run's ``config.yaml``, ``--config``, flags). Each layer may hold the family's and the agent's
+settings flat, as flags give them (``sticky_actions``, ``lr``), or nested under the family's or
+agent's name, as the saved ``config.yaml`` does.
 """
 
 from __future__ import annotations
@@ -14,56 +16,122 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from seedbed.agents import AGENTS, config_class, family_defaults, run_defaults  # no torch
+import yaml
+
+from seedbed.agents import AGENTS, check_agent, config_class  # no torch
 from seedbed.config import RunConfig, TrainConfig, build, coerce, unknown_message
 from seedbed.envs import EnvFamily, families, family_for, settings_owners
 from seedbed.errors import ConfigError
 from seedbed.loggers import check_loggers
 from seedbed.plugins import import_plugins
+from seedbed.presets import agent_preset, describe, row_preset
 
 _TRAIN_NAMES = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 
+#: A layer of settings and where it came from (``flags``, ``--config FILE``, ``preset ...``).
+Layer = tuple[str, dict[str, Any]]
+
 
 def env_family(env_id: str) -> str:
-    """The row of the defaults tables that applies to ``env_id``: its family's name (``atari``,
-    ``dmc``, ``football``, ``dmlab``, or a user's family's), ``mujoco`` for Gymnasium's MuJoCo
-    ids (``HalfCheetah-v5``...), else ``classic``."""
+    """The row of presets that applies to ``env_id``: its family's name (``atari``, ``dmc``,
+    ``football``, ``dmlab``, or a user's family's), ``mujoco`` for Gymnasium's MuJoCo ids
+    (``HalfCheetah-v5``...), else ``classic``."""
     return family_for(env_id).preset(env_id)
 
 
 def resolve(layers: list[dict[str, Any]]) -> RunConfig:
-    """Merge setting layers (earlier ones lose) into a validated RunConfig.
+    """Merge setting layers (earlier ones lose) over the env's preset into a validated RunConfig.
 
     The modules the ``plugins`` setting names are imported first, so what they register is
-    known. The defaults of the environment's family come first (``EnvFamily.run_defaults`` for the
-    run, the agent's ``FAMILY_DEFAULTS`` row for the agent), then the agent's own run defaults
-    for that family, then the layers.
+    known.
     """
-    train_values: dict[str, Any] = {}
-    for layer in layers:
-        train_values.update({k: v for k, v in layer.items() if k in _TRAIN_NAMES})
-    if "plugins" in train_values:  # first: they may register the env's family, the agent...
-        import_plugins(coerce("plugins", train_values["plugins"], tuple[str, ...]))
-    family = family_for(str(train_values.get("env", TrainConfig.env)))
-    if "env" in train_values:  # ALE/Pong-v5 is recorded as atari:Pong
-        train_values["env"] = family.canonical_id(str(train_values["env"]))
-    env_id = str(train_values.get("env", TrainConfig.env))
-    preset = family.preset(env_id)
-    family_run = family.run_defaults(env_id)
-    agent_name = train_values.get("agent", family_run.get("agent", TrainConfig.agent))
-    train_values = {**family_run, **run_defaults(agent_name, preset), **train_values}
+    return resolve_with_sources([(f"layer {i + 1}", layer) for i, layer in enumerate(layers)])[0]
+
+
+def resolve_with_sources(layers: list[Layer]) -> tuple[RunConfig, dict[str, str]]:
+    """``resolve`` for named layers, and where each setting's value came from.
+
+    Returns:
+        The config, and for each key of its ``to_dict()`` form (``lr`` nested as ``ppo.lr``,
+        ``sticky_actions`` as ``atari.sticky_actions``) the name of the last layer that set it,
+        a preset file's (``preset atari/ppo.yaml``) or ``built-in``.
+    """
+    given = _train_values(values for _, values in layers)
+    if "plugins" in given:  # first: they may register the env's family, the agent...
+        import_plugins(coerce("plugins", given["plugins"], tuple[str, ...]))
+    family = family_for(str(given.get("env", TrainConfig.env)))
+    env_id = family.canonical_id(str(given.get("env", TrainConfig.env)))  # ALE/Pong-v5: atari:Pong
+    row = family.preset(env_id)
+    row_file, row_values = row_preset(row, family.presets)
+    agent_name = str(given.get("agent", row_values.get("agent", TrainConfig.agent)))
+    check_agent(agent_name)
+    agent_file, agent_values = agent_preset(row, agent_name, AGENTS[agent_name], family.presets)
+    stack = [(describe(row_file), row_values), (describe(agent_file), agent_values), *layers]
+    train_values = {**_train_values(values for _, values in stack), "env": env_id}
     agent_cls = config_class(agent_name)
-    agent_values, env_values = _sections(layers, agent_name, agent_cls, family)
-    agent_values = {**family_defaults(agent_name, preset), **agent_values}
+    agent_section, env_section = _sections(
+        (values for _, values in stack), agent_name, agent_cls, family
+    )
     config = RunConfig(
         build(TrainConfig, train_values),
-        build(agent_cls, agent_values),
-        build(family.settings_class, env_values),
+        build(agent_cls, agent_section),
+        build(family.settings_class, env_section),
         family.name,
     )
     config.validate()
     check_loggers(config.train.loggers)
-    return config
+    return config, _sources(config, stack)
+
+
+def _train_values(layers: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update({k: v for k, v in layer.items() if k in _TRAIN_NAMES})
+    return merged
+
+
+def _sources(config: RunConfig, stack: list[Layer]) -> dict[str, str]:
+    """Where each setting of ``config`` came from: the last layer of ``stack`` that set it."""
+    sources = {}
+    for key, value in config.to_dict().items():
+        if isinstance(value, dict):  # the agent's or the family's section
+            for name in value:
+                sources[f"{key}.{name}"] = _origin(stack, name, key)
+        else:
+            sources[key] = _origin(stack, key, None)
+    return sources
+
+
+def _origin(stack: list[Layer], name: str, section: str | None) -> str:
+    for origin, values in reversed(stack):
+        nested = values.get(section) if section else None
+        if name in values or (isinstance(nested, dict) and _has(nested, name)):
+            return origin
+    return "built-in"
+
+
+def _has(section: dict[str, Any], name: str) -> bool:
+    return any(k.replace("-", "_") == name for k in section)
+
+
+def explain(config: RunConfig, sources: dict[str, str]) -> str:
+    """The resolved settings as a YAML config file (usable as ``--config``), each line with a
+    comment naming where its value came from."""
+    lines = []
+    for key, value in config.to_dict().items():
+        if isinstance(value, dict):
+            lines.append(f"{key}:")
+            for name, inner in value.items():
+                lines.append(f"  {name}: {_scalar(inner)}  # {sources[f'{key}.{name}']}")
+        else:
+            lines.append(f"{key}: {_scalar(value)}  # {sources[key]}")
+    return "\n".join(lines)
+
+
+def _scalar(value: Any) -> str:
+    """``value`` as one line of YAML (lists in flow style)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=1_000_000)
+    return text.strip().removesuffix("...").strip()
 
 
 def _sections(

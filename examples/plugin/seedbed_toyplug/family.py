@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -32,7 +33,7 @@ class ToyplugFamily(EnvFamily):
     name = "toyplug"
     prefix = "toyplug:"
     settings_class = ToyplugSettings
-    defaults = {"agent": "toyppo"}  # run settings that differ for this family's envs
+    presets = Path(__file__).parent / "presets"  # toyplug.yaml: the settings its envs differ in
 
     def check(self, env_id: str) -> None:
         inner = env_id.removeprefix(self.prefix)

@@ -17,8 +17,8 @@ from seedbed.errors import ConfigError
 
 BUILTIN = ("vtrace", "ppo", "dqn", "r2d2", "d4pg")
 #: name -> the package holding its ``config`` module (``CONFIG_CLASS``, and optionally
-#: ``ACTIONS``, ``FAMILY_DEFAULTS``, ``RUN_DEFAULTS``) and its ``learning`` module
-#: (``AGENT_CLASS``). Iterating gives the names, seedbed's own first.
+#: ``ACTIONS``) and its ``learning`` module (``AGENT_CLASS``); what it changes per env family
+#: lives in preset files (``seedbed.presets``). Iterating gives the names, seedbed's own first.
 AGENTS: dict[str, str] = {name: f"seedbed.agents.{name}" for name in BUILTIN}
 
 
@@ -94,17 +94,6 @@ def config_class(name: str) -> type:
     return importlib.import_module(f"{AGENTS[name]}.config").CONFIG_CLASS
 
 
-def family_defaults(name: str, family: str) -> dict[str, Any]:
-    """Agent ``name``'s settings that differ from its defaults for an environment family."""
-    return _family_table(name, "FAMILY_DEFAULTS", family)
-
-
-def run_defaults(name: str, family: str) -> dict[str, Any]:
-    """Run settings (batch, unroll, ...) whose defaults agent ``name`` changes for a family:
-    a batch counts unrolls for V-trace but transitions for DQN, so their best sizes differ."""
-    return _family_table(name, "RUN_DEFAULTS", family)
-
-
 def action_kinds(name: str) -> tuple[str, ...]:
     """The actions agent ``name`` can act with, 'discrete' (the default) and/or 'continuous', as
     its config module's ``ACTIONS`` says."""
@@ -125,12 +114,6 @@ def check_actions(name: str, env_spec: Any) -> None:
         f"--agent {name} needs {needed} actions, but {env_spec.env_id} has "
         f"{env_spec.action_kind} ones; use --agent {choices}"
     )
-
-
-def _family_table(name: str, table: str, family: str) -> dict[str, Any]:
-    check_agent(name)
-    module = importlib.import_module(f"{AGENTS[name]}.config")
-    return getattr(module, table, {}).get(family, {})
 
 
 def make_agent(

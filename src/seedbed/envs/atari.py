@@ -259,22 +259,6 @@ class AtariFamily(EnvFamily):
     name = "atari"
     prefix = PREFIX
     settings_class = AtariSettings
-    # Atari's CNN makes the learner the busiest part: torch may use every core. A2C's layout:
-    # 16 envs and batches of all 16 unrolls of 5 steps (80 steps per update). A batch as large
-    # as the envs keeps the policy lag near 2 updates; Pong did not learn with lags of 17-34.
-    defaults = {
-        # PPO reached Pong's rungs sooner from the command's start than V-trace did
-        # (docs/benchmarks.md).
-        "agent": "ppo",
-        "target_return": None,
-        "total_frames": 50_000_000,
-        "actors": 2,
-        "envs_per_actor": 8,
-        "unroll": 5,
-        "batch": 16,
-        "queue_size": 16,
-        "threads": 0,
-    }
 
     def owns(self, env_id: str) -> bool:
         return is_atari(env_id)

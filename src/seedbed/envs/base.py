@@ -2,15 +2,15 @@
 
 A family owns a set of env ids (``atari:`` ids, ``dmc:`` ids, plain Gymnasium ids...) and says
 everything seedbed needs to know about them: its settings (a dataclass that becomes a section of
-the run's config, ``atari: {sticky_actions: 0.0}``, and one flag per field), the run settings
-whose defaults differ for it, how to check an id, and how to make one env, E envs stepped
+the run's config, ``atari: {sticky_actions: 0.0}``, and one flag per field), the row of presets
+its ids use (``seedbed.presets``), how to check an id, and how to make one env, E envs stepped
 together, and the spec. ``seedbed.envs.registry`` holds the families; ``seedbed.envs`` asks it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -30,17 +30,18 @@ class EnvFamily:
 
     The call loop, for one run: ``registry.family_for(env_id)`` finds the family (the first
     whose ``owns`` says yes); ``canonical_id`` names the env as the run records it; ``preset``
-    picks the row of the defaults tables (``run_defaults`` here, agents' ``FAMILY_DEFAULTS``)
-    before the user's settings are applied; ``settings_class`` is built from its config section
+    picks the row of preset files (``seedbed.presets``: ``ROW.yaml``, ``ROW/AGENT.yaml``)
+    applied before the user's settings; ``settings_class`` is built from its config section
     and flags and validated. Then every process that makes envs calls ``check`` once, and
     ``make`` (one env: evaluation, video), ``make_vector`` (an actor's E envs) or
     ``spec_extra`` (what ``make_spec`` adds to the spaces of one env) with those settings.
     """
 
-    name: str = ""  # the config section of its settings, and its key in defaults tables
+    name: str = ""  # the config section of its settings, and its row of presets
     prefix: str = ""  # ids it owns start with this ("atari:"); "" where owns() decides
     settings_class: type = NoSettings  # a dataclass of config.setting(...) fields
-    defaults: Mapping[str, Any] = {}  # run settings (TrainConfig fields) that differ for it
+    # A folder of preset files of its own (ROW.yaml, ROW/AGENT.yaml), asked before seedbed's.
+    presets: Path | None = None
 
     def owns(self, env_id: str) -> bool:
         """Whether ``env_id`` belongs to this family."""
@@ -51,13 +52,9 @@ class EnvFamily:
         return env_id
 
     def preset(self, env_id: str) -> str:
-        """The row of the defaults tables that applies to ``env_id``: the family's name, or
-        a finer one where ids of one family want different defaults (classic, mujoco)."""
+        """The row of presets that applies to ``env_id``: the family's name, or a finer one
+        where ids of one family want different defaults (classic, mujoco)."""
         return self.name
-
-    def run_defaults(self, env_id: str) -> Mapping[str, Any]:
-        """Run settings whose defaults differ for ``env_id``; below config files and flags."""
-        return self.defaults
 
     def check(self, env_id: str) -> None:
         """Raise a one-line ConfigError, with close matches, when ``env_id`` is not known."""

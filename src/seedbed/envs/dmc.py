@@ -146,8 +146,6 @@ class DMCFamily(EnvFamily):
 
     name = "dmc"
     prefix = PREFIX
-    # Continuous control: returns have no common target (DM Control's top out at 1,000).
-    defaults = {"target_return": None, "total_frames": 1_000_000}
 
     def check(self, env_id: str) -> None:
         task_name(env_id)

@@ -221,8 +221,6 @@ class DMLabFamily(EnvFamily):
 
     name = "dmlab"
     prefix = PREFIX
-    # IMPALA's frames are as costly as Atari's; returns have no common target.
-    defaults = {"target_return": None, "total_frames": 50_000_000, "threads": 0}
 
     def check(self, env_id: str) -> None:
         level_path(env_id)

@@ -315,20 +315,6 @@ class FootballFamily(EnvFamily):
     name = "football"
     prefix = PREFIX
     settings_class = FootballSettings
-    # Google Research Football on 2 CPU cores: the engine and the Football ResNet cost about
-    # the same per frame, so 16 envs and batches of 8 unrolls of 16 steps (a policy lag near
-    # 4 updates); full games have no common target return.
-    defaults = {
-        "target_return": None,
-        "total_frames": 5_000_000,
-        "actors": 2,
-        "envs_per_actor": 8,
-        "unroll": 16,
-        "batch": 8,
-        "queue_size": 16,
-        "inference_batch": 16,
-        "threads": 0,
-    }
 
     def check(self, env_id: str) -> None:
         parse(env_id)

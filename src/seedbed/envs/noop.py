@@ -17,7 +17,6 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from seedbed.envs.base import EnvFamily
-from seedbed.envs.gym import GymFamily
 
 NOOP_ENV_ID = "seedbed/Noop-v0"
 
@@ -79,16 +78,15 @@ class NoopVectorEnv(VectorEnv):
 
 
 class NoopFamily(EnvFamily):
-    """The one id ``seedbed/Noop-v0``; the run defaults of classic control apply to it."""
+    """The one id ``seedbed/Noop-v0``; the presets of classic control apply to it."""
 
     name = "noop"
-    defaults = GymFamily.presets["classic"]
 
     def owns(self, env_id: str) -> bool:
         return env_id == NOOP_ENV_ID
 
     def preset(self, env_id: str) -> str:
-        return "classic"  # agents' tables have no row of their own for it
+        return "classic"  # no presets of its own
 
     def check(self, env_id: str) -> None:
         pass  # owns() accepts only the one id

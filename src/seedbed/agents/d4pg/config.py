@@ -98,16 +98,3 @@ def _flag(name: str) -> str:
 
 
 CONFIG_CLASS = D4PGConfig
-
-# Run settings this agent changes per family: a batch counts transitions, as DQN's does. Where
-# the learner is the bottleneck, few envs and small batches at a high replay ratio learned
-# dmc:cartpole-balance soonest (docs/benchmarks.md).
-_RUN = {"batch": 64, "unroll": 20, "envs_per_actor": 4}
-RUN_DEFAULTS = {"classic": _RUN, "dmc": _RUN, "mujoco": _RUN}
-
-# Settings that differ for an environment family (its row: seedbed.resolve.env_family).
-FAMILY_DEFAULTS = {
-    # DM Control rewards lie in [0, 1] per step, so returns discounted by 0.99 lie in [0, 100]:
-    # atoms over exactly that range are 3x finer than Acme's generic [-150, 150].
-    "dmc": {"v_min": 0.0, "v_max": 100.0},
-}

@@ -151,30 +151,3 @@ def _flag(name: str) -> str:
 
 
 CONFIG_CLASS = DQNConfig
-
-# Run settings this agent changes per family: a batch counts transitions here. On CartPole,
-# batches of 128 at the replay ratio of 4 learned faster per frame than batches of 32.
-RUN_DEFAULTS = {
-    "classic": {"batch": 128},
-    # Unrolls share n steps, and with learner-side stacks each also stores 3 frames of context:
-    # 64 + 1 + 3 frames per 62 items, so a million transitions fit in under 8 GB.
-    "atari": {"unroll": 64, "batch": 32},
-}
-
-# Settings that differ for an environment family (its row: seedbed.resolve.env_family).
-FAMILY_DEFAULTS = {
-    "atari": {
-        "torso": "nature",
-        "lr": 1e-4,
-        "adam_eps": 1.5e-4,
-        "n_step": 3,
-        "target_update_every": 2_000,
-        "reward_clip": 1.0,
-        "value_rescaling": False,
-        "replay_capacity": 200_000,
-        "min_replay": 20_000,
-        "replay_ratio": 8.0,
-        "priority_exponent": 0.5,
-        "lstm_size": 256,
-    },
-}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from seedbed.agents.vtrace.config import FAMILY_DEFAULTS as VTRACE_FAMILY_DEFAULTS
 from seedbed.agents.vtrace.config import VTraceConfig
 from seedbed.config import setting
 from seedbed.errors import ConfigError
@@ -88,49 +87,3 @@ class PPOConfig(VTraceConfig):
 
 CONFIG_CLASS = PPOConfig
 ACTIONS = ("discrete", "continuous")  # a softmax or a Gaussian policy, by the env's actions
-
-# V-trace's, for the same networks and preprocessing; and for Gymnasium's classic tasks, what
-# reached CartPole's 475 soonest from the command's start: fewer, larger steps, because the
-# learner's Python holds the interpreter that inference needs (docs/benchmarks.md).
-# On Atari, CleanRL's and Sample Factory's PPO settings with Sample Factory's input and return
-# normalization (here per-pixel statistics and PopArt), without which Pong barely left -20
-# (docs/benchmarks.md).
-FAMILY_DEFAULTS = {
-    **VTRACE_FAMILY_DEFAULTS,
-    "atari": {
-        **VTRACE_FAMILY_DEFAULTS["atari"],
-        "optimizer": "adam",
-        "lr": 2.5e-4,
-        "adam_eps": 1e-5,
-        "clip_ratio": 0.1,
-        "td_lambda": 0.95,
-        "normalize_advantages": True,  # per minibatch, as CleanRL and Sample Factory do
-        "normalize_obs": True,
-        "popart": True,
-        # Four epochs over every frame make the learner the bound; bfloat16, where the CPU or
-        # GPU has it natively, learns a Pong batch faster (docs/benchmarks.md).
-        "torso_dtype": "auto",
-        # The two-convolution torso of DQN 2013 and A3C costs a third of the Nature CNN's
-        # arithmetic; on two cores it reached every Pong rung sooner, and ended the hour higher
-        # (docs/benchmarks.md).
-        "torso": "a3c",
-    },
-    "classic": {"normalize_obs": True, "epochs": 2, "minibatches": 2, "lr": 2e-3},
-    "mujoco": {"normalize_obs": True},
-}
-# Batches of 16 unrolls of 64 steps: 4 minibatches of 256 steps, as CleanRL's 8 x 128 makes.
-# The rate is held through Pong's climb (to about +14) and then falls to 0 at the run's end:
-# constant, the mean stayed at +15-16 for the last 7 M frames of an hour; falling from the start,
-# the climb itself slowed. Falling to 0 at 15 M frames, three runs ended at +16.2 to +17.7; the
-# gain comes while the rate is 0.6-0.3 of its start, and falling to 0 at 20 M keeps it there
-# longer: the one run passed +18 at 14.7 M frames, in 45 minutes on two cores (docs/benchmarks.md).
-RUN_DEFAULTS = {
-    "atari": {
-        "unroll": 64,
-        "batch": 16,
-        "queue_size": 16,
-        "total_frames": 20_000_000,
-        "lr_schedule": "linear",
-        "lr_hold_frames": 6_000_000,
-    }
-}

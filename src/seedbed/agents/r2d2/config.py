@@ -56,21 +56,3 @@ class R2D2Config(DQNConfig):
 
 
 CONFIG_CLASS = R2D2Config
-
-FAMILY_DEFAULTS = {
-    "atari": {
-        "torso": "nature",
-        "lr": 1e-4,
-        "reward_clip": None,  # value rescaling takes raw rewards, as in R2D2
-        "n_step": 5,
-        "discount": 0.997,
-        "target_update_every": 2_500,
-        "burn_in": 40,
-        "sequence_length": 80,
-        "sequence_overlap": 40,
-        "replay_capacity": 1_000,  # about 3.4 GB of uint8 frames
-        "min_replay": 200,
-        "replay_ratio": 1.0,
-        "lstm_size": 512,
-    },
-}
