@@ -1,7 +1,8 @@
-"""Users' own environments, named ``module:EnvId`` (Gymnasium's convention), and the Python API:
-trained by local actors, remote ``seedbed actor`` processes and Ray actors, each of which
-imports the module. The env is the one ``examples/corridor.py`` defines, which takes no
-``render_mode`` argument, as many users' envs do not."""
+"""Users' own environments, named ``module:EnvId`` (Gymnasium's convention) or by the plain id
+their module registered, and the Python API: trained by local actors, remote ``seedbed actor``
+processes and Ray actors, each of which imports the module. The env is the one
+``examples/corridor.py`` defines, which takes no ``render_mode`` argument, as many users' envs
+do not."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,12 +19,15 @@ import seedbed
 from seedbed.config import TrainConfig
 from seedbed.envs import check_env_id, make_spec
 from seedbed.errors import ConfigError
+from seedbed.resolve import resolve
 from tests.conftest import finish
 from tests.runtime.test_launch import launch, nothing_left_behind  # noqa: F401 - a fixture
 from tests.runtime.test_remote_training import learner, start
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CORRIDOR = "corridor:Corridor-v0"
+# The plain id, as Gymnasium's docs register it: known wherever ``corridor`` was imported.
+REGISTERED = ("--env", "Corridor-v0", "--plugins", "corridor")
 SOLVED = ("--target-return", "0.9", "--total-frames", "1000000")
 
 
@@ -43,6 +48,76 @@ def test_a_module_that_cannot_be_imported_is_one_line():
 def test_a_module_without_the_id_suggests_what_it_registered(examples_on_path):
     with pytest.raises(ConfigError, match="registered no such id.*did you mean Corridor-v0"):
         check_env_id("corridor:Coridor-v0")
+
+
+def test_a_plain_id_a_users_module_registered_is_recorded_with_its_module(examples_on_path):
+    import corridor  # noqa: F401 - registers Corridor-v0 here, as a user's script would
+
+    assert resolve([{"env": "Corridor-v0"}]).train.env == CORRIDOR
+    assert resolve([{"env": "CartPole-v1"}]).train.env == "CartPole-v1"  # Gymnasium's own
+
+
+def python_api(tmp_path: Path, script: str) -> subprocess.CompletedProcess:
+    """Run ``script`` as a user's ``__main__`` (its entry points live there)."""
+    path = tmp_path / "user_script.py"
+    path.write_text(textwrap.dedent(script))
+    return subprocess.run(
+        [sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    ("register", "says"),
+    [
+        ("gym.register('Mine-v0', entry_point=Mine)", "entry point actors cannot import"),
+        ("gym.register('Mine-v0', entry_point=lambda: Mine())", "entry point actors cannot import"),
+        (
+            "gym.register('Mine-v0', entry_point='corridor:Corridor')",
+            "importing 'corridor', its entry point's module, does not register it",
+        ),
+    ],
+)
+def test_an_id_registered_only_in_a_script_is_refused_before_any_actor(
+    tmp_path, examples_on_path, register, says
+):
+    proc = python_api(
+        tmp_path,
+        f"""
+        import gymnasium as gym
+        import seedbed
+
+        class Mine(gym.Env):
+            pass
+
+        if __name__ == "__main__":
+            {register}
+            seedbed.train(env="Mine-v0", total_frames=1000, progress=False)
+        """,
+    )
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("seedbed.errors.ConfigError: Mine-v0 is registered") and says in last
+    assert "MODULE:Mine-v0" in last and "actor 0" not in proc.stderr
+    assert not (tmp_path / "runs").exists()  # refused before the run began
+
+
+@pytest.mark.slow
+def test_the_python_api_trains_an_id_its_script_imported_a_module_for(tmp_path, examples_on_path):
+    proc = python_api(
+        tmp_path,
+        """
+        import corridor  # registers Corridor-v0, as Gymnasium's docs teach
+        import seedbed
+
+        if __name__ == "__main__":
+            summary = seedbed.train(
+                env="Corridor-v0", target_return=0.9, total_frames=1_000_000, progress=False
+            )
+            print(summary["env"], summary["stop_reason"])
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-2:] == [CORRIDOR, "target_return"]
 
 
 def test_the_spec_of_a_users_env(examples_on_path):
@@ -66,7 +141,7 @@ def test_local_actors_train_a_users_env_from_the_cli(tmp_path, no_leaks, example
 @pytest.mark.slow
 def test_a_remote_actor_imports_the_users_module(tmp_path, no_leaks, examples_on_path):
     run = tmp_path / "run"
-    lr, address = learner(run, "--env", CORRIDOR, *SOLVED)
+    lr, address = learner(run, *REGISTERED, *SOLVED)
     actors = [start("actor", "--connect", address) for _ in range(2)]
     code, _, err = finish(lr)
     assert code == 0, err[-2000:]
@@ -78,9 +153,10 @@ def test_a_remote_actor_imports_the_users_module(tmp_path, no_leaks, examples_on
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")  # beside the other Ray tests (test_launch.py)
 def test_ray_actors_import_the_users_module(tmp_path, nothing_left_behind, examples_on_path):  # noqa: F811
-    code, _, err = finish(launch(tmp_path / "run", "--env", CORRIDOR, *SOLVED))
+    code, _, err = finish(launch(tmp_path / "run", *REGISTERED, *SOLVED))
     assert code == 0, err[-3000:]
-    assert summary_of(tmp_path / "run")["stop_reason"] == "target_return"
+    summary = summary_of(tmp_path / "run")
+    assert summary["stop_reason"] == "target_return" and summary["env"] == CORRIDOR
 
 
 @pytest.mark.slow

@@ -35,7 +35,6 @@ def train(config: RunConfig | TrainConfig | None = None, /, **settings: Any) -> 
     """
     from seedbed.config import RunConfig, TrainConfig, to_dict
     from seedbed.resolve import resolve
-    from seedbed.runtime.train import train as run
 
     layers = []
     if isinstance(config, RunConfig):
@@ -44,7 +43,10 @@ def train(config: RunConfig | TrainConfig | None = None, /, **settings: Any) -> 
         layers.append(to_dict(config))
     elif config is not None:
         raise TypeError(f"config must be a RunConfig or TrainConfig, not {type(config).__name__}")
-    return run(resolve([*layers, settings]))
+    config = resolve([*layers, settings])  # bad settings fail here, before torch is imported
+    from seedbed.runtime.train import train as run
+
+    return run(config)
 
 
 def evaluate(

@@ -17,6 +17,13 @@ from collections.abc import Iterable
 
 from seedbed.errors import ConfigError
 
+_IMPORTED: list[str] = []  # the plug-ins this process imported, in order
+
+
+def imported_plugins() -> tuple[str, ...]:
+    """The plug-in modules this process imported (a run's other processes import the same)."""
+    return tuple(_IMPORTED)
+
 
 def import_plugins(modules: Iterable[str]) -> None:
     """Import each module in ``modules``, in order (a module imported before is not run again).
@@ -31,6 +38,8 @@ def import_plugins(modules: Iterable[str]) -> None:
             raise ConfigError(f"--plugins: '{module}' is not a module name (e.g. my_plugins.rl)")
         try:
             importlib.import_module(module)
+            if module not in _IMPORTED:
+                _IMPORTED.append(module)
         except ImportError as error:
             raise ConfigError(
                 f"cannot import plug-in '{module}' ({error}); put it on PYTHONPATH or install "

@@ -3,13 +3,18 @@
 The family of every id no other family owns, so the registry asks it last. A user's env is named
 ``module:EnvId``, Gymnasium's convention: importing ``module`` registers ``EnvId``, and every
 process that makes the env (learner, local, remote and Ray actors) imports it again through
-``check``. CartPole steps all E envs in one numpy call (``SameStepCartPole``).
+``check``. An id the user's process registered (``gym.register("MyEnv-v0", ...)`` in a module it
+imported) is recorded as ``module:MyEnv-v0``, so that the other processes import that module
+too. CartPole steps all E envs in one numpy call (``SameStepCartPole``).
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import subprocess
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -70,26 +75,73 @@ def import_env_module(module: str, env_id: str) -> None:
         ) from None
 
 
+def registering_module(env_id: str) -> str | None:
+    """The module a fresh process imports to have ``env_id`` registered: None for Gymnasium's
+    own ids, else the module of the id's entry point, checked in a fresh interpreter (with this
+    process's path and plug-ins, as actors have them).
+
+    Raises:
+        ConfigError: One line, when no importable module registers the id: its entry point lives
+            in ``__main__`` or is a lambda or local class, or importing its module does not
+            register it (the ``gym.register`` call is in a script).
+    """
+    entry = gym.registry[env_id].entry_point
+    if callable(entry):
+        module = getattr(entry, "__module__", None) or "__main__"
+        local = "<" in getattr(entry, "__qualname__", "<")  # a lambda or a class in a function
+    else:
+        module, local = str(entry).partition(":")[0], False
+    if module.split(".")[0] == "gymnasium":
+        return None
+    fix = (
+        "move the class and its gym.register call into a module on PYTHONPATH (imported by your "
+        f"script), or name the env --env MODULE:{env_id}"
+    )
+    if module == "__main__" or local:
+        raise ConfigError(f"{env_id} is registered with an entry point actors cannot import: {fix}")
+    if not _registers(module, env_id):
+        raise ConfigError(
+            f"{env_id} is registered in this process only: importing '{module}', its entry "
+            f"point's module, does not register it; {fix}"
+        )
+    return module
+
+
+def _registers(module: str, env_id: str) -> bool:
+    """Whether a fresh interpreter that imports this process's plug-ins and ``module`` has
+    ``env_id`` in Gymnasium's registry."""
+    from seedbed.plugins import imported_plugins
+
+    modules = [*imported_plugins(), module]
+    code = (
+        "import importlib, sys, gymnasium\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        f"sys.exit(0 if {env_id!r} in gymnasium.registry else 1)"
+    )
+    path = os.pathsep.join(p or os.getcwd() for p in sys.path)  # as spawned actors get it
+    check = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": path}, capture_output=True
+    )
+    return check.returncode == 0
+
+
 class GymFamily(EnvFamily):
     """Any id in Gymnasium's registry, after importing the module a ``module:`` part names."""
 
     name = "gym"
-    presets = {
-        # PPO reached CartPole's 475 sooner from the command's start than V-trace did
-        # (docs/benchmarks.md), and it also acts in continuous spaces (Pendulum).
-        "classic": {"agent": "ppo"},
-        # Continuous control: returns have no common target.
-        "mujoco": {"agent": "ppo", "target_return": None, "total_frames": 1_000_000},
-    }
 
     def owns(self, env_id: str) -> bool:
         return True  # the registry asks this family only when no other owns the id
 
+    def canonical_id(self, env_id: str) -> str:
+        # An id registered by a user's module becomes module:EnvId, so every process imports it.
+        if ":" in env_id or env_id not in gym.registry:
+            return env_id
+        module = registering_module(env_id)
+        return env_id if module is None else f"{module}:{env_id}"
+
     def preset(self, env_id: str) -> str:
         return "mujoco" if env_id.rsplit("-v", 1)[0] in MUJOCO_TASKS else "classic"
-
-    def run_defaults(self, env_id: str) -> dict[str, Any]:
-        return self.presets[self.preset(env_id)]
 
     def check(self, env_id: str) -> None:
         module, _, name = env_id.rpartition(":")
