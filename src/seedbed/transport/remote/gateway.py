@@ -48,7 +48,7 @@ from seedbed.transport.remote.wire import (
     PROTOCOL,
     Assignment,
     Malformed,
-    from_wire,
+    decode_step,
     parse,
     to_wire,
 )
@@ -390,14 +390,7 @@ class ActorGateway:
         slot = assignment.slot
         client = self._connect(slot).open()
         log.info("actor %s connected to slot %d", name, slot)
-        e, dtype = assignment.num_envs, np.dtype(assignment.obs_dtype)
-        fields = (
-            ("obs", dtype, (e, *assignment.obs_shape)),
-            ("reward", np.dtype(np.float32), (e,)),
-            ("done", np.dtype(np.bool_), (e,)),
-            ("truncated", np.dtype(np.bool_), (e,)),
-        )
-        acted_fields = [(n, np.dtype(d), (e, *s)) for n, s, d in assignment.acted()]
+        acted_fields = assignment.acted()
         sent = -1  # the newest policy version this actor was sent
         refused_in_a_row = 0  # steps with a non-finite value (see seedbed.transport.checks)
         try:
@@ -409,12 +402,8 @@ class ActorGateway:
             async for message in requests:
                 if _kind(message) != "step":
                     raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, "expected a step")
-                step = message.step
                 try:
-                    arrays = [from_wire(getattr(step, n), n, d, s) for n, d, s in fields]
-                    if set(step.acted) != {n for n, _, _ in acted_fields}:
-                        raise ValueError(f"acted fields {sorted(step.acted)} are not the assigned")
-                    acted = {n: from_wire(step.acted[n], n, d, s) for n, d, s in acted_fields}
+                    arrays, acted = decode_step(message.step, assignment)
                 except ValueError as err:
                     raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"bad step: {err}") from None
                 _, why = check_step(arrays[0], arrays[1], acted or None)

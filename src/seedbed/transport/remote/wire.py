@@ -76,6 +76,26 @@ def from_wire(message: pb.Array, name: str, dtype: np.dtype, shape: tuple[int, .
     return np.frombuffer(message.data, dtype).reshape(shape)
 
 
+def decode_step(
+    step: pb.Step, assignment: Assignment
+) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """A step's ``[obs, reward, done, truncated]`` and acted fields (none in central mode), if
+    each is exactly what ``assignment`` says; else ValueError saying which is not."""
+    e = assignment.num_envs
+    fields = (
+        ("obs", np.dtype(assignment.obs_dtype), (e, *assignment.obs_shape)),
+        ("reward", np.dtype(np.float32), (e,)),
+        ("done", np.dtype(np.bool_), (e,)),
+        ("truncated", np.dtype(np.bool_), (e,)),
+    )
+    arrays = [from_wire(getattr(step, n), n, d, s) for n, d, s in fields]
+    acted_fields = assignment.acted()
+    if set(step.acted) != {n for n, _, _ in acted_fields}:
+        raise ValueError(f"acted fields {sorted(step.acted)} are not the assigned")
+    acted = {n: from_wire(step.acted[n], n, np.dtype(d), (e, *s)) for n, s, d in acted_fields}
+    return arrays, acted
+
+
 @dataclasses.dataclass(frozen=True)
 class Assignment:
     """What a remote actor runs, as the learner assigns it on connect."""
