@@ -326,3 +326,38 @@ def test_an_actor_that_keeps_sending_non_finite_steps_is_disconnected(learner):
     assert lr.gateway.disconnected == 1
     steps(good, 3, t0=REFUSED_IN_A_ROW + 1)
     good.close()
+
+
+def test_one_address_holds_streams_on_a_bounded_number_of_connections(learner):
+    lr = learner(hello_timeout_s=3.0)
+    cap = lr.gateway.max_per_peer  # the 2 slots and 16 more
+    # Each channel its own connection: gRPC shares one between like channels otherwise.
+    channels = [
+        grpc.insecure_channel(lr.gateway.address, [("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(cap + 3)
+    ]
+    quiet = threading.Event()
+
+    def nothing():
+        quiet.wait()
+        yield from ()
+
+    metadata = [("authorization", f"Bearer {TOKEN.decode()}")]
+    try:
+        calls = []
+        for channel in channels:
+            grpc.channel_ready_future(channel).result(timeout=10)
+            act = channel.stream_stream(METHOD)
+            calls.append(act(nothing(), metadata=metadata))
+            time.sleep(0.01)  # in order: the last ones find the address's connections taken
+        deadline = time.monotonic() + 2.0
+        while sum(c.done() for c in calls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        refused = [c for c in calls if c.done()]
+        assert len(refused) == 3, len(refused)
+        assert all(c.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for c in refused)
+        assert all(f"on {cap} connections already" in c.details() for c in refused)
+    finally:
+        quiet.set()
+        for channel in channels:
+            channel.close()

@@ -149,7 +149,7 @@ class ActorGateway:
         connection may hold no stream; ``max_connections``: connections at once (default
         ``connection_cap``)."""
         if not token or not token.strip():
-            raise ValueError("ActorGateway needs a token (see seedbed.transport.remote.wire)")
+            raise ValueError("ActorGateway needs a token: give one, e.g. wire.run_token(run_dir)'s")
         self._board = board.open() if board is not None else None
         self._token = token.strip()
         self._idle_timeout_s = idle_timeout_s
