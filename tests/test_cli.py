@@ -74,7 +74,6 @@ def test_help_lists_every_setting_with_its_default():
         (["--torso", "impala"], "--torso impala needs image observations"),
         (["--actors", "0"], "--actors must be positive"),
         (["--batch", "-1"], "--batch must be positive"),
-        (["--listen", "0.0.0.0:5000"], "give --token-file FILE holding a shared secret"),
         (["--listen", "5000"], "--listen '5000': expected HOST:PORT"),
         (
             ["--listen", "127.0.0.1:0", "--tls-cert", "c.pem"],

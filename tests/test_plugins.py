@@ -19,7 +19,7 @@ from seedbed.errors import ConfigError
 from seedbed.resolve import resolve
 from seedbed.transport.remote import Assignment
 from tests.conftest import assert_imports_without, finish, tiny_settings
-from tests.runtime.test_remote_training import learner, start
+from tests.runtime.test_remote_training import actor, learner
 
 PLUG = ("--plugins", "seedbed_toyplug")
 # One of each kind the plug-in registers.
@@ -119,13 +119,13 @@ def test_remote_actors_are_told_the_plugins():
 def test_a_remote_actor_imports_the_plugins_it_is_assigned(tmp_path, no_leaks, plugin_on_path):
     run = tmp_path / "run"
     lr, address = learner(run, *PLUG, *ITS_OWN, "--target-return", "100", "--no-energy")
-    actors = [start("actor", "--connect", address) for _ in range(2)]
+    actors = [actor(run, address) for _ in range(2)]
     code, _, err = finish(lr)
     assert code == 0, err[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "target_return" and jsonl_rows(run)
-    for actor in actors:
-        assert finish(actor, 30)[0] == 0
+    for one in actors:
+        assert finish(one, 30)[0] == 0
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from seedbed.errors import ConfigError
 from seedbed.resolve import resolve
 from tests.conftest import finish
 from tests.runtime.test_launch import launch, nothing_left_behind  # noqa: F401 - a fixture
-from tests.runtime.test_remote_training import learner, start
+from tests.runtime.test_remote_training import actor, learner, start
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CORRIDOR = "corridor:Corridor-v0"
@@ -142,12 +142,12 @@ def test_local_actors_train_a_users_env_from_the_cli(tmp_path, no_leaks, example
 def test_a_remote_actor_imports_the_users_module(tmp_path, no_leaks, examples_on_path):
     run = tmp_path / "run"
     lr, address = learner(run, *REGISTERED, *SOLVED)
-    actors = [start("actor", "--connect", address) for _ in range(2)]
+    actors = [actor(run, address) for _ in range(2)]
     code, _, err = finish(lr)
     assert code == 0, err[-2000:]
     assert summary_of(run)["stop_reason"] == "target_return"
-    for actor in actors:
-        assert finish(actor, 30)[0] == 0
+    for one in actors:
+        assert finish(one, 30)[0] == 0
 
 
 @pytest.mark.slow

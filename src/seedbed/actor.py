@@ -7,6 +7,10 @@ it acted with each step.
 Local actors are processes the learner spawns (``run_actor``); remote ones are started by hand or
 by a cluster launcher and connect over gRPC (``run_remote_actor``), learning what to run from the
 learner.
+
+An env that gives NaN, inf or absurd observations or rewards now and then is the learner's to
+handle (it refuses those steps); one that gives them ``REFUSED_IN_A_ROW`` steps in a row is
+broken, and its actor stops with one line that names it.
 """
 
 from __future__ import annotations
@@ -23,21 +27,37 @@ from seedbed.envs import make_settings, make_vector_env
 from seedbed.errors import SeedbedError
 from seedbed.plugins import import_plugins
 from seedbed.transport.base import ActorTransport, Endpoint
+from seedbed.transport.checks import REFUSED_IN_A_ROW, check_step
 
 log = logging.getLogger(__name__)
 
 
-def act(client: ActorTransport, envs: Any, seed: int, policy: Any = None) -> None:
+def act(
+    client: ActorTransport, envs: Any, seed: int, policy: Any = None, env_id: str = "the env"
+) -> None:
     """Step ``envs`` until the client raises ConnectionError: with the actions ``client.call``
     returns, or with those ``policy`` (a ``LocalPolicy``) picks (the call loops of
-    ``seedbed.transport.base``)."""
+    ``seedbed.transport.base``).
+
+    Raises:
+        SeedbedError: When one of the envs (``env_id``) gives refused values (see the module)
+            ``REFUSED_IN_A_ROW`` steps in a row.
+    """
     num_envs = envs.num_envs
     obs, _ = envs.reset(seed=seed)
     reward = np.zeros(num_envs, np.float32)
     done = np.ones(num_envs, np.bool_)  # every env starts an episode
     truncated = np.zeros(num_envs, np.bool_)
+    refused_in_a_row = np.zeros(num_envs, np.int64)
     submitted = False
     while True:
+        bad, why = check_step(obs, reward)
+        refused_in_a_row = np.where(bad, refused_in_a_row + 1, 0)
+        if why is not None and refused_in_a_row.max() >= REFUSED_IN_A_ROW:
+            raise SeedbedError(
+                f"env {int(refused_in_a_row.argmax())} of this actor ({env_id}) gave a {why} "
+                f"in {REFUSED_IN_A_ROW} steps in a row: fix the environment"
+            )
         if policy is None:
             action = client.call(obs, reward, done, truncated)
         else:
@@ -78,9 +98,12 @@ def run_actor(
             from seedbed.inference.local import LocalPolicy  # torch: only actors that act
 
             policy = LocalPolicy(local, endpoint.actor * num_envs, num_envs, seed)
-        act(client, envs, seed, policy)
+        act(client, envs, seed, policy, env_id)
     except ConnectionError:
         log.debug("actor %s: learner gone, stopping", getattr(endpoint, "actor", "?"))
+    except SeedbedError as e:
+        log.error("actor %s: %s", getattr(endpoint, "actor", "?"), e)  # one line, no traceback
+        raise SystemExit(1) from None
     finally:
         client.close()
         envs.close()
@@ -143,7 +166,7 @@ def run_remote_actor(
             envs = make_vector_env(job.env_id, job.num_envs, job.seed, settings)
             if job.local is not None:
                 policy = _remote_policy(client, settings)
-            act(client, envs, job.seed, policy)
+            act(client, envs, job.seed, policy, job.env_id)
         except LearnerStopped as e:
             return str(e)
         except ConnectionError as e:

@@ -146,7 +146,9 @@ class TrainConfig:
     )
     remote_actors: int = setting(8, "with --listen: most remote actors at once (slots)")
     token_file: str | None = setting(
-        None, "file holding the secret remote actors must present (required off loopback)"
+        None,
+        "file holding the secret remote actors must present (default: a random one, written "
+        "to RUN_DIR/actor-token)",
     )
     tls_cert: str | None = setting(None, "with --listen: PEM certificate to serve TLS with")
     tls_key: str | None = setting(None, "with --listen: PEM private key of --tls-cert")
@@ -178,7 +180,6 @@ class TrainConfig:
             )
         if self.listen:
             check_address(self.listen, "--listen")
-            check_token_needed(self.listen, self.token_file is not None)
             if self.remote_actors <= 0:
                 raise ConfigError(f"--remote-actors must be positive, got {self.remote_actors}")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -297,23 +298,6 @@ class TrainConfig:
     def num_envs(self) -> int:
         """All environments across all actor slots."""
         return self.num_slots * self.envs_per_actor
-
-
-def is_local_address(address: str) -> bool:
-    """Whether ``address`` (``HOST:PORT`` or ``unix:PATH``) is reachable from this host only."""
-    if address.startswith("unix:"):
-        return True
-    host = address.rsplit(":", 1)[0].strip("[]")
-    return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
-
-
-def check_token_needed(address: str, has_token: bool) -> None:
-    """A one-line error when ``address`` listens beyond this host without a token."""
-    if not has_token and not is_local_address(address):
-        raise ConfigError(
-            f"--listen {address} accepts actors from other machines: give --token-file FILE "
-            "holding a shared secret (e.g. `openssl rand -hex 32 > FILE`)"
-        )
 
 
 def check_address(address: str, flag: str) -> None:

@@ -13,8 +13,9 @@ fit instead. The summary's ``launch`` entry says how many actors were asked for 
 placed.
 
 Without ADDRESS a local Ray is started and the learner listens on 127.0.0.1. With ADDRESS the
-learner listens on all interfaces of its node with a fresh random token, which Ray hands to the
-actors (Ray's own channel between nodes is trusted, as Ray requires).
+learner listens on its node's address (the one Ray uses, not every interface). Either way it
+needs a fresh random token, which Ray hands to the actors (Ray's own channel between nodes is
+trusted, as Ray requires): other users of the machine cannot join.
 """
 
 from __future__ import annotations
@@ -101,22 +102,30 @@ def _many(n: float, unit: str) -> str:
     return f"{n:g} {unit}" if n == 1 else f"{n:g} {unit}s"
 
 
+def learner_settings(token_file: str, node_ip: str | None) -> dict[str, Any]:
+    """What the launcher adds to the learner's settings: the token's file, and on a cluster
+    (``node_ip``: the learner node's address as Ray knows it) where to listen."""
+    extra: dict[str, Any] = {"progress": False, "token_file": token_file}  # progress: ours
+    if node_ip is not None:
+        extra["listen"] = f"{node_ip}:0"
+    return extra
+
+
 class LearnerHost:
     """A Ray actor that runs the learner; ``train`` blocks, the other methods answer meanwhile."""
 
-    def __init__(self, layers: list[dict[str, Any]], token: str | None) -> None:
+    def __init__(self, layers: list[dict[str, Any]], token: str, cluster: bool) -> None:
+        import ray
+
         from seedbed.resolve import resolve
         from seedbed.runtime.train import TrainingRun
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        self._token_file = None
-        extra: dict[str, Any] = {"progress": False}  # the launcher reports progress instead
-        if token is not None:
-            fd, self._token_file = tempfile.mkstemp(prefix="seedbed-token-")  # mode 0600
-            os.write(fd, token.encode())
-            os.close(fd)
-            extra.update(listen="0.0.0.0:0", token_file=self._token_file)
-        self.run = TrainingRun(resolve([*layers, extra]))
+        fd, self._token_file = tempfile.mkstemp(prefix="seedbed-token-")  # mode 0600
+        os.write(fd, token.encode())
+        os.close(fd)
+        node_ip = ray.util.get_node_ip_address() if cluster else None
+        self.run = TrainingRun(resolve([*layers, learner_settings(self._token_file, node_ip)]))
         self._ended = threading.Event()
 
     def train(self) -> dict[str, Any]:
@@ -124,22 +133,16 @@ class LearnerHost:
             return self.run.run()
         finally:
             self._ended.set()
-            if self._token_file:
-                os.unlink(self._token_file)
+            os.unlink(self._token_file)
 
     def address(self, timeout_s: float = 120.0) -> str | None:
         """Where actors connect, once the learner listens; None if it ended before."""
-        import ray
-
         deadline = time.monotonic() + timeout_s
         while self.run.gateway is None:
             if self._ended.is_set() or time.monotonic() > deadline:
                 return None
             time.sleep(0.05)
-        host, port = self.run.gateway.address.rsplit(":", 1)
-        if host == "0.0.0.0":
-            host = ray.util.get_node_ip_address()
-        return f"{host}:{port}"
+        return self.run.gateway.address
 
     def status(self) -> dict[str, Any]:
         gateway = self.run.gateway
@@ -165,11 +168,11 @@ class ActorHost:
     def pid(self) -> int:
         return os.getpid()
 
-    def act(self, address: str, token: str | None) -> str:
+    def act(self, address: str, token: str) -> str:
         from seedbed.actor import run_remote_actor
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        return run_remote_actor(address, token.encode() if token else None)
+        return run_remote_actor(address, token.encode())
 
 
 def launch(
@@ -191,7 +194,7 @@ def launch(
     console = console or Console(stderr=True)
     started_here = not ray.is_initialized()
     ray.init(address=ray_address, include_dashboard=False, logging_level=logging.WARNING)
-    token = secrets.token_hex(32) if ray_address else None  # other machines may connect
+    token = secrets.token_hex(32)  # other machines, or other users of this one, may connect
     learner, actors = None, []
     try:
         resources = ray.cluster_resources()
@@ -208,7 +211,7 @@ def launch(
                 num_gpus=placement.learner_gpus,
                 max_concurrency=4,  # train() blocks; address, status and stop answer beside it
             )
-            .remote(layers, token)
+            .remote(layers, token, ray_address is not None)
         )
         result = learner.train.remote()
         address = ray.get(learner.address.remote())

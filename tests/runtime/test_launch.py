@@ -155,3 +155,14 @@ def test_fit_actors_starts_as_many_as_fit_and_says_so(tmp_path, nothing_left_beh
     assert summary["launch"]["actors_asked"] == 2
     assert summary["launch"]["actors_placed"] == 1
     assert summary["remote_actors"]["connections"] == 1
+
+
+def test_the_learner_listens_on_its_nodes_address_with_a_token():
+    """On a cluster, the node's address Ray knows, not every interface (0.0.0.0); locally the
+    CLI's 127.0.0.1. A token either way: other users of the machine cannot join."""
+    from seedbed.launch import learner_settings
+
+    cluster = learner_settings("/run/token", "10.1.2.3")
+    assert cluster["listen"] == "10.1.2.3:0" and cluster["token_file"] == "/run/token"
+    local = learner_settings("/run/token", None)
+    assert "listen" not in local and local["token_file"] == "/run/token"

@@ -45,6 +45,12 @@ def learner(
     return proc, address_file.read_text().strip()
 
 
+def actor(run_dir: Path, address: str, *flags: str) -> subprocess.Popen:
+    """A remote actor with the token the learner wrote into ``run_dir``."""
+    token = str(run_dir / "actor-token")
+    return start("actor", "--connect", address, "--token-file", token, *flags)
+
+
 @pytest.mark.parametrize(
     "inference",
     [
@@ -59,7 +65,7 @@ def test_two_remote_actors_train_cartpole(tmp_path, no_leaks, inference):
     run = tmp_path / "run"
     flags = ("--target-return", "195", "--total-frames", "2000000", *inference)
     lr, address = learner(run, *flags)
-    actors = [start("actor", "--connect", address) for _ in range(2)]
+    actors = [actor(run, address) for _ in range(2)]
     code, out, err = finish(lr)
     assert code == 0, err[-2000:]
     summary = json.loads((run / "summary.json").read_text())
@@ -70,8 +76,8 @@ def test_two_remote_actors_train_cartpole(tmp_path, no_leaks, inference):
     if inference:
         assert summary["inference"]["mode"] == "local"
         assert summary["inference"]["quantization_error_max"] > 0
-    for actor in actors:  # told that training is over: they leave by themselves, cleanly
-        code, out, err = finish(actor, 30)
+    for one in actors:  # told that training is over: they leave by themselves, cleanly
+        code, out, err = finish(one, 30)
         assert code == 0 and "training is over" in out, err[-2000:]
 
 
@@ -80,30 +86,30 @@ def test_a_remote_atari_actor_sends_single_frames_the_learner_stacks(tmp_path, n
     flags = ("--env", "atari:Pong", "--frame-stack-on", "learner", "--total-frames", "2000")
     small = ("--envs-per-actor", "2", "--batch", "2", "--minibatches", "2", "--threads", "1")
     lr, address = learner(run, *flags, *small, "--max-episode-frames", "400")
-    actors = [start("actor", "--connect", address) for _ in range(2)]
+    actors = [actor(run, address) for _ in range(2)]
     code, out, err = finish(lr)
     assert code == 0, err[-2000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["frames"] >= 2000 and summary["learner_steps"] > 0
-    for actor in actors:
-        assert finish(actor, 30)[0] == 0
+    for one in actors:
+        assert finish(one, 30)[0] == 0
 
 
 def test_a_killed_actor_is_replaced_and_training_goes_on(tmp_path, no_leaks):
     run = tmp_path / "run"
     lr, address = learner(run, "--target-return", "none", "--total-frames", "120000")
-    first, second = (start("actor", "--connect", address) for _ in range(2))
+    first, second = (actor(run, address) for _ in range(2))
     wait_for_frames(run, 20_000, lr)
     first.send_signal(signal.SIGKILL)
     first.wait()
-    replacement = start("actor", "--connect", address)  # takes the freed slot
+    replacement = actor(run, address)  # takes the freed slot
     code, _, err = finish(lr)
     assert code == 0, err[-2000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "total_frames" and summary["frames"] >= 120_000
     assert summary["remote_actors"]["connections"] == 3
-    for actor in (second, replacement):
-        assert finish(actor, 30)[0] == 0
+    for one in (second, replacement):
+        assert finish(one, 30)[0] == 0
 
 
 def free_port() -> int:
@@ -114,16 +120,18 @@ def free_port() -> int:
 
 def test_an_actor_reconnects_when_it_loses_the_learner(tmp_path, no_leaks):
     listen = f"127.0.0.1:{free_port()}"
-    lost, address = learner(tmp_path / "a", "--total-frames", "10000000", listen=listen)
-    actor = start("actor", "--connect", address, "--reconnect-for", "60")
+    token = ("--token-file", str(tmp_path / "token"))  # both learners': the actor's too
+    (tmp_path / "token").write_text("shared\n")
+    lost, address = learner(tmp_path / "a", *token, "--total-frames", "10000000", listen=listen)
+    reconnecting = start("actor", "--connect", address, *token, "--reconnect-for", "60")
     wait_for_frames(tmp_path / "a", 5_000, lost)
     os.kill(lost.pid, signal.SIGKILL)  # the connection drops without a goodbye
     lost.communicate()
     time.sleep(1.0)
-    again, _ = learner(tmp_path / "b", "--total-frames", "20000", listen=listen)
+    again, _ = learner(tmp_path / "b", *token, "--total-frames", "20000", listen=listen)
     code, _, err = finish(again)
     assert code == 0, err[-2000:]
-    code, out, err = finish(actor, 30)
+    code, out, err = finish(reconnecting, 30)
     assert code == 0 and "training is over" in out
     assert "reconnecting" in err or "retrying" in err
 
@@ -133,8 +141,8 @@ def test_an_actor_with_the_wrong_token_exits_with_one_line(tmp_path, no_leaks):
     (tmp_path / "wrong").write_text("wrong\n")
     run = tmp_path / "run"
     lr, address = learner(run, "--token-file", str(tmp_path / "token"), "--total-frames", "1e9")
-    actor = start("actor", "--connect", address, "--token-file", str(tmp_path / "wrong"))
-    code, _, err = finish(actor, 60)
+    refused = start("actor", "--connect", address, "--token-file", str(tmp_path / "wrong"))
+    code, _, err = finish(refused, 60)
     lr.send_signal(signal.SIGTERM)
     finish(lr)
     assert code == 2

@@ -46,3 +46,12 @@ def test_a_stop_request_from_another_thread_is_seen():
     thread.start()
     thread.join()
     assert stop.requested.is_set()
+
+
+def test_a_window_holding_an_inf_or_nan_never_reaches_the_target():
+    """The server keeps such returns out; a window restored from an older checkpoint may not."""
+    for bad in (float("inf"), float("nan")):
+        stop, progress = rules(target_return=10.0, target_episodes=1, total_frames=1000)
+        progress.window.add([bad, 20.0], [5, 5])
+        progress.frames = 100
+        assert stop.check(1.0) is None and progress.target_reached is None

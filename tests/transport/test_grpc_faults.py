@@ -13,16 +13,18 @@ import threading
 import time
 
 import grpc
+import numpy as np
 import pytest
 
+from seedbed.transport.checks import REFUSED_IN_A_ROW
 from seedbed.transport.remote import MAX_PENDING_HELLOS, METHOD, GrpcActorClient, Refused
 from tests.transport import test_remote
-from tests.transport.test_remote import steps
+from tests.transport.idle_connections import IdleConnections
+from tests.transport.test_remote import ENVS, OBS, TOKEN, steps
 
 pytestmark = pytest.mark.faults
 learner = test_remote.learner  # the fixture: a real gateway over real shared memory
 
-TOKEN = b"s3cret"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # what every HTTP/2 client sends first
 
 
@@ -87,9 +89,9 @@ def test_an_actor_with_a_wrong_token_always_reads_why(learner):
             GrpcActorClient(lr.gateway.address, token=b"wrong" if attempt % 2 else None)
 
 
-@pytest.mark.parametrize("token", [TOKEN, None], ids=["with-token", "loopback-no-token"])
-def test_streams_that_never_say_hello_are_closed_after_the_timeout(learner, token):
-    lr = learner(token=token, hello_timeout_s=0.5)
+def test_streams_that_never_say_hello_are_closed_after_the_timeout(learner):
+    token = TOKEN
+    lr = learner(hello_timeout_s=0.5)
     silent = SilentStreams(lr.gateway.address, 40, token)
     try:
         time.sleep(0.1)
@@ -106,7 +108,7 @@ def test_streams_that_never_say_hello_are_closed_after_the_timeout(learner, toke
 def test_streams_past_the_pending_cap_are_refused_at_once_in_our_words(learner):
     lr = learner(hello_timeout_s=2.0)
     extra = 6
-    silent = SilentStreams(lr.gateway.address, MAX_PENDING_HELLOS + extra)
+    silent = SilentStreams(lr.gateway.address, MAX_PENDING_HELLOS + extra, TOKEN)
     try:
         deadline = time.monotonic() + 1.5  # well before the first hello is due
         while silent.open() > MAX_PENDING_HELLOS and time.monotonic() < deadline:
@@ -120,7 +122,7 @@ def test_streams_past_the_pending_cap_are_refused_at_once_in_our_words(learner):
         silent.close()
     waited = [e for e in ended if e[0] == grpc.StatusCode.DEADLINE_EXCEEDED]
     assert len(waited) == MAX_PENDING_HELLOS
-    client = GrpcActorClient(lr.gateway.address)
+    client = GrpcActorClient(lr.gateway.address, token=TOKEN)
     steps(client, 3)
     client.close()
 
@@ -160,9 +162,9 @@ def test_slow_loris_connections_are_dropped_and_actors_served(learner):
     ]
     for t in drips:
         t.start()
-    silent = SilentStreams(lr.gateway.address, 8)  # more than today's spare 4 places
+    silent = SilentStreams(lr.gateway.address, 8, TOKEN)  # more than today's spare 4 places
     try:
-        client = GrpcActorClient(lr.gateway.address)
+        client = GrpcActorClient(lr.gateway.address, token=TOKEN)
         steps(client, 10)
         ended = silent.ended(within_s=5)
         for s in loris:
@@ -241,8 +243,8 @@ def test_an_actor_cut_off_mid_message_frees_its_slot(learner):
     lr = learner()
     proxy = CuttingProxy(lr.gateway.address)
     try:
-        cut_off = GrpcActorClient(proxy.address)
-        other = GrpcActorClient(lr.gateway.address)  # the two slots are taken
+        cut_off = GrpcActorClient(proxy.address, token=TOKEN)
+        other = GrpcActorClient(lr.gateway.address, token=TOKEN)  # the two slots are taken
         steps(cut_off, 5)
         steps(other, 5)
         proxy.cut()
@@ -253,7 +255,7 @@ def test_an_actor_cut_off_mid_message_frees_its_slot(learner):
         deadline = time.monotonic() + 5
         while True:  # the gateway notices the lost connection and frees the slot
             try:
-                newcomer = GrpcActorClient(lr.gateway.address)
+                newcomer = GrpcActorClient(lr.gateway.address, token=TOKEN)
                 break
             except ConnectionError:
                 assert time.monotonic() < deadline, "the cut-off actor's slot was never freed"
@@ -288,3 +290,74 @@ def test_an_actor_with_no_learner_says_one_line_per_attempt():
     assert retries and all("; retrying in" in line for line in retries), done.stderr
     assert last.startswith(f"seedbed: error: no learner at {address}")
     assert last.endswith("giving up")
+
+
+def test_idle_connections_are_capped_and_closed_and_actors_served_after(learner):
+    """Connections that answer pings and never open a stream: gRPC holds no more than the cap
+    (it closes the rest at once) and closes the ones it holds once idle for the timeout."""
+    lr = learner(max_connections=8, idle_timeout_s=1.0)
+    idle = IdleConnections(lr.gateway.address, 30)
+    try:
+        idle.poll(0.5)
+        assert idle.connected == 30 and idle.open <= 8, (idle.connected, idle.open)
+        idle.poll(3.0)
+        assert idle.open == 0  # the held ones too: idle past the timeout
+    finally:
+        idle.close()
+    client = GrpcActorClient(lr.gateway.address, token=TOKEN)
+    steps(client, 5)
+    client.close()
+
+
+def test_an_actor_that_keeps_sending_non_finite_steps_is_disconnected(learner):
+    lr = learner()
+    good = GrpcActorClient(lr.gateway.address, token=TOKEN)
+    hostile = GrpcActorClient(lr.gateway.address, token=TOKEN)
+    obs, done = np.zeros((ENVS, *OBS), np.float32), np.zeros(ENVS, bool)
+    reward, inf = np.zeros(ENVS, np.float32), np.full((ENVS, *OBS), np.inf, np.float32)
+    with pytest.raises(Refused, match=f"{REFUSED_IN_A_ROW} steps in a row were refused"):
+        for t in range(2 * REFUSED_IN_A_ROW):
+            # One finite step starts the count over: an env that is wrong now and then is not
+            # sent away (the inference server refuses each of its wrong steps).
+            hostile.call(inf if t != REFUSED_IN_A_ROW // 2 else obs, reward, done, done)
+            steps(good, 1, t0=t)  # served all the while
+    assert t == REFUSED_IN_A_ROW // 2 + REFUSED_IN_A_ROW
+    hostile.close()
+    assert lr.gateway.disconnected == 1
+    steps(good, 3, t0=REFUSED_IN_A_ROW + 1)
+    good.close()
+
+
+def test_one_address_holds_streams_on_a_bounded_number_of_connections(learner):
+    lr = learner(hello_timeout_s=3.0)
+    cap = lr.gateway.max_per_peer  # the 2 slots and 16 more
+    # Each channel its own connection: gRPC shares one between like channels otherwise.
+    channels = [
+        grpc.insecure_channel(lr.gateway.address, [("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(cap + 3)
+    ]
+    quiet = threading.Event()
+
+    def nothing():
+        quiet.wait()
+        yield from ()
+
+    metadata = [("authorization", f"Bearer {TOKEN.decode()}")]
+    try:
+        calls = []
+        for channel in channels:
+            grpc.channel_ready_future(channel).result(timeout=10)
+            act = channel.stream_stream(METHOD)
+            calls.append(act(nothing(), metadata=metadata))
+            time.sleep(0.01)  # in order: the last ones find the address's connections taken
+        deadline = time.monotonic() + 2.0
+        while sum(c.done() for c in calls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        refused = [c for c in calls if c.done()]
+        assert len(refused) == 3, len(refused)
+        assert all(c.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for c in refused)
+        assert all(f"on {cap} connections already" in c.details() for c in refused)
+    finally:
+        quiet.set()
+        for channel in channels:
+            channel.close()

@@ -15,8 +15,6 @@ import grpc
 import numpy as np
 import pytest
 
-from seedbed.config import is_local_address
-from seedbed.errors import ConfigError
 from seedbed.transport.proto import actor_pb2 as pb
 from seedbed.transport.remote import (
     METHOD,
@@ -29,6 +27,7 @@ from seedbed.transport.remote import (
 from seedbed.transport.shm import SharedMemoryServer
 
 ENVS, OBS = 3, (4,)
+TOKEN = b"s3cret"  # every listener needs one, loopback and Unix sockets included
 
 
 class Learner:
@@ -38,7 +37,7 @@ class Learner:
 
     def __init__(
         self,
-        token: bytes | None = None,
+        token: bytes = TOKEN,
         tls=None,
         address: str = "127.0.0.1:0",
         action_shape: tuple = (),
@@ -121,11 +120,11 @@ def steps(client: GrpcActorClient, n: int, t0: int = 0) -> None:
 
 def test_steps_round_trip_and_a_reconnect_is_a_new_run(learner):
     lr = learner()
-    first = GrpcActorClient(lr.gateway.address)
+    first = GrpcActorClient(lr.gateway.address, token=TOKEN)
     assert first.assignment.env_id == "CartPole-v1" and first.assignment.num_envs == ENVS
     steps(first, 20)
     first.close()
-    second = GrpcActorClient(lr.gateway.address)  # takes the freed slot under a new run id
+    second = GrpcActorClient(lr.gateway.address, token=TOKEN)  # the freed slot, a new run id
     steps(second, 5)
     second.close()
     slot = second.assignment.slot
@@ -135,7 +134,7 @@ def test_steps_round_trip_and_a_reconnect_is_a_new_run(learner):
 
 def test_continuous_actions_travel_as_float32_vectors(learner):
     lr = learner(action_shape=(2,))
-    client = GrpcActorClient(lr.gateway.address)
+    client = GrpcActorClient(lr.gateway.address, token=TOKEN)
     assert client.assignment.action_dtype == "float32"
     assert client.assignment.action_shape == (2,)
     steps(client, 10)
@@ -144,9 +143,9 @@ def test_continuous_actions_travel_as_float32_vectors(learner):
 
 def test_all_slots_taken_refuses_the_next_actor(learner):
     lr = learner()
-    clients = [GrpcActorClient(lr.gateway.address) for _ in range(2)]
+    clients = [GrpcActorClient(lr.gateway.address, token=TOKEN) for _ in range(2)]
     with pytest.raises(ConnectionError, match="slots are taken"):
-        GrpcActorClient(lr.gateway.address)
+        GrpcActorClient(lr.gateway.address, token=TOKEN)
     for c in clients:
         c.close()
 
@@ -156,17 +155,23 @@ def test_a_client_without_the_right_token_is_refused(learner, sent):
     lr = learner(token=b"s3cret\n")
     with pytest.raises(Refused, match="token"):
         GrpcActorClient(lr.gateway.address, token=sent)
-    good = GrpcActorClient(lr.gateway.address, token=b"s3cret")
+    good = GrpcActorClient(lr.gateway.address, token=TOKEN)
     steps(good, 3)
     good.close()
     assert len(lr.gateway.rejected) == 1 and lr.gateway.rejected_total == 1
 
 
-def test_listening_off_loopback_needs_a_token():
-    assert is_local_address("127.0.0.1:5000") and is_local_address("unix:/tmp/x")
-    assert not is_local_address("0.0.0.0:5000")
-    with pytest.raises(ConfigError, match="--token-file"):
-        ActorGateway("0.0.0.0:0", [0], lambda s: None, lambda s, n: None)
+@pytest.mark.parametrize("token", [None, b"", b" \n"], ids=["none", "empty", "blank"])
+def test_every_listener_needs_a_token(token):
+    with pytest.raises(ValueError, match="needs a token"):
+        ActorGateway("127.0.0.1:0", [0], lambda s: None, lambda s, n: None, token=token)
+
+
+@pytest.mark.parametrize("unix", [False, True], ids=["loopback", "unix-socket"])
+def test_loopback_and_unix_sockets_refuse_a_client_without_the_token(learner, tmp_path, unix):
+    lr = learner(address=f"unix:{tmp_path}/l.sock" if unix else "127.0.0.1:0")
+    with pytest.raises(Refused, match="token"):
+        GrpcActorClient(lr.gateway.address)
 
 
 def _raw_stream(address: str, *messages: bytes):
@@ -174,7 +179,7 @@ def _raw_stream(address: str, *messages: bytes):
     channel = grpc.insecure_channel(address)
     act = channel.stream_stream(METHOD, request_serializer=None, response_deserializer=None)
     try:
-        list(act(iter(messages), timeout=10))
+        list(act(iter(messages), timeout=10, metadata=[("authorization", "Bearer s3cret")]))
         return None
     except grpc.RpcError as e:
         return e.code(), e.details()
@@ -191,6 +196,17 @@ def _step(shape, data: bytes) -> bytes:
     return pb.ActorMessage(step=pb.Step(obs=obs)).SerializeToString()
 
 
+def _step_with_done(done: bytes) -> bytes:
+    """A step of the right shapes whose ``done`` carries ``done`` as its bytes."""
+    step = pb.Step(
+        obs=pb.Array(dtype="<f4", shape=[ENVS, *OBS], data=bytes(4 * ENVS * 4)),
+        reward=pb.Array(dtype="<f4", shape=[ENVS], data=bytes(4 * ENVS)),
+        done=pb.Array(dtype="|b1", shape=[ENVS], data=done),
+        truncated=pb.Array(dtype="|b1", shape=[ENVS], data=bytes(ENVS)),
+    )
+    return pb.ActorMessage(step=step).SerializeToString()
+
+
 @pytest.mark.parametrize(
     ("messages", "reason"),
     [
@@ -199,14 +215,15 @@ def _step(shape, data: bytes) -> bytes:
         ([_hello(), _step([3, 4], bytes(47))], "carries 47 bytes"),
         ([_hello(), _step([3, 4], bytes(200_000))], "over this run's .*-byte limit"),
         ([pb.ActorMessage(hello=pb.Hello(protocol=99)).SerializeToString()], "protocol 99"),
+        ([_hello(), _step_with_done(b"\x00\x02\x01")], "done holds bytes other than 0 and 1"),
     ],
-    ids=["garbage", "wrong-shape", "short-data", "oversized", "old-protocol"],
+    ids=["garbage", "wrong-shape", "short-data", "oversized", "old-protocol", "bool-byte-2"],
 )
 def test_a_bad_message_is_refused_and_everyone_else_is_still_served(
     learner, messages, reason, caplog
 ):
     lr = learner()
-    good = GrpcActorClient(lr.gateway.address)
+    good = GrpcActorClient(lr.gateway.address, token=TOKEN)
     steps(good, 3)
     with caplog.at_level(logging.WARNING, logger="seedbed.transport.remote"):
         code, details = _raw_stream(lr.gateway.address, *messages)
@@ -215,6 +232,18 @@ def test_a_bad_message_is_refused_and_everyone_else_is_still_served(
     assert any("refused actor" in r.getMessage() for r in caplog.records)
     steps(good, 3, t0=3)  # the well-behaved actor never noticed
     good.close()
+
+
+def test_an_actors_name_is_logged_printable_and_bounded(learner, caplog):
+    lr = learner()
+    name = "evil\nINFO forged line\x1b[31m" + "x" * 10_000
+    hello = pb.ActorMessage(hello=pb.Hello(protocol=PROTOCOL, actor_name=name))
+    with caplog.at_level(logging.INFO, logger="seedbed.transport.remote"):
+        _raw_stream(lr.gateway.address, hello.SerializeToString())
+    lines = [r.getMessage() for r in caplog.records if "connected to slot" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "\n" not in lines[0] and "\x1b" not in lines[0] and len(lines[0]) < 200
+    assert lines[0].startswith("actor evil?INFO forged line?[31mxxx")
 
 
 def _self_signed() -> tuple[bytes, bytes]:
@@ -263,7 +292,7 @@ def test_tls_with_a_self_signed_certificate(learner):
 
 def test_unix_socket(learner, tmp_path):
     lr = learner(address=f"unix:{tmp_path}/learner.sock")
-    client = GrpcActorClient(lr.gateway.address)
+    client = GrpcActorClient(lr.gateway.address, token=TOKEN)
     steps(client, 5)
     client.close()
 
@@ -286,6 +315,7 @@ def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks):
         [0, 1],
         functools.partial(server.connect, in_process=True),
         lambda slot, n: Assignment("CartPole-v1", ENVS, n, None, slot, "<f4", OBS, local=local),
+        token=TOKEN,
         board=board.handle,
     )
     received, stop = [], threading.Event()
@@ -302,7 +332,7 @@ def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks):
     gateway.start()
     client = None
     try:
-        client = GrpcActorClient(gateway.address)
+        client = GrpcActorClient(gateway.address, token=TOKEN)
         assert client.assignment.local["first_env"] == 0
         assert client.board.read(-1) == (b"policy one", 1) and client.board.read(1) is None
         obs, zeros = np.zeros((ENVS, *OBS), np.float32), np.zeros(ENVS, bool)

@@ -12,6 +12,13 @@ the acting table keeps each env's stack on the acting device and the agent acts 
 while unrolls keep the frames once (``seedbed.framestack``). A restarted actor's envs start over
 as at an episode start, since the server forces ``done`` for them.
 
+Steps are checked before use (``seedbed.transport.checks``): an env whose step carries a NaN or
+inf (obs, reward, or what a local actor acted), an absurd reward or an action outside the action
+space is refused. Its step is acted on and recorded blanked, then dropped, as a restarted actor's
+partial unroll is: the env starts over at its next step. Refusals are counted per env
+(``refused_steps``) and logged at most once per ``_LOG_EVERY_S``; episode returns that are not
+finite or absurd (``refused_returns``) never reach the statistics.
+
 Several threads may ``serve`` at once (``--inference-threads``): one receives while another
 acts or answers. Each takes whole requests, and an actor sends its next step only once its last
 is answered, so an env is only ever in one thread's hands, and the per-env tables and unroll
@@ -22,7 +29,10 @@ at a time on parameters that no publish is writing.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import threading
+import time
 
 import numpy as np
 import torch
@@ -33,7 +43,13 @@ from seedbed.inference.unrolls import UnrollBuilder, env_rows
 from seedbed.quantize import quantize_for_inference
 from seedbed.telemetry import Stopwatch, combined_shares
 from seedbed.transport.base import Request, ServerTransport
+from seedbed.transport.checks import MAX_ABS_REWARD, check_step
 from seedbed.types import Buffer
+
+log = logging.getLogger(__name__)
+
+_LOG_EVERY_S = 10.0  # one warning of refused steps in this time, then a count
+_REFUSED = -2  # an env's run id after a refused step (-1: no actor yet): it starts over next
 
 
 @dataclasses.dataclass
@@ -60,6 +76,20 @@ def _acted(
     return action, extras, state, version
 
 
+def _blanked(
+    bad: np.ndarray, obs: np.ndarray, reward: np.ndarray, acted: dict[str, np.ndarray] | None
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray] | None]:
+    """Copies of a step's fields with the refused envs' rows zeroed (an action of 0 is valid)."""
+
+    def blank(array: np.ndarray) -> np.ndarray:
+        array = np.array(array)  # a copy: the request's rows may be the actor's shared memory
+        array[bad] = 0
+        return array
+
+    blanked = None if acted is None else {name: blank(value) for name, value in acted.items()}
+    return blank(obs), blank(reward), blanked
+
+
 def _tensor(array: np.ndarray) -> torch.Tensor:
     """A tensor sharing ``array``'s memory (copied only where numpy may not be written)."""
     return torch.from_numpy(array if array.flags.writeable else array.copy())
@@ -69,7 +99,9 @@ class InferenceServer:
     """Serve actions for requests from ``transport`` and feed full unrolls into ``queue``.
 
     ``action_shape`` and ``action_dtype`` are one env's action as the env spec gives them (the
-    defaults: a discrete action, one int64); ``frame_stack`` is its ``learner_stack``.
+    defaults: a discrete action, one int64); ``frame_stack`` is its ``learner_stack``;
+    ``num_actions`` its discrete action count, which local actors' actions are checked against
+    (0: not checked).
     """
 
     def __init__(
@@ -87,8 +119,10 @@ class InferenceServer:
         action_dtype: str = "int64",
         precision: str = "fp32",
         frame_stack: int = 1,
+        num_actions: int = 0,
     ) -> None:
         self.agent = agent
+        self.num_actions = num_actions
         self.precision = precision  # what central inference acts in (seedbed.quantize)
         self.frames_per_step = frames_per_step
         self.transport = transport
@@ -110,6 +144,11 @@ class InferenceServer:
         self._ep_return = np.zeros(num_envs, np.float64)
         self._ep_length = np.zeros(num_envs, np.int64)
         self._env_ids = np.arange(num_envs)
+        # Refusals (see the module's docstring): steps per env, returns, and the log's pace.
+        self.refused_steps = np.zeros(num_envs, np.int64)
+        self.refused_returns = 0
+        self._refusals_unlogged = 0
+        self._refusals_logged_at = -math.inf
         self._params_lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self._recv_lock = threading.Lock()  # one serving thread receives at a time
@@ -169,21 +208,30 @@ class InferenceServer:
         ids, rows = env_rows(request.env_ids)
         run_id = np.asarray(request.run_id, np.int64)
         restarted = self._run_id[rows] != run_id
+        # Actors that restarted, for the counts: not envs starting over after a refused step.
+        restarts = int((restarted & (self._run_id[rows] != _REFUSED)).sum())
         done = np.asarray(request.done, np.bool_)
         truncated = np.asarray(request.truncated, np.bool_)
         reward = np.asarray(request.reward, np.float32)
+        obs, acted = request.obs, request.acted
+        bad, why = check_step(obs, reward, acted, self.num_actions)
+        if why is not None:
+            obs, reward, acted = _blanked(bad, obs, reward, acted)
+            restarted = restarted | bad
+            self._refused(ids[bad], why)
         if restarted.any():
             done, truncated = done | restarted, truncated & ~restarted
-            self._reset(ids[restarted], run_id[restarted])
+            self._reset(ids[restarted], run_id[restarted], restarts)
             self._count_episodes(ids[~restarted], reward[~restarted], done[~restarted], len(ids))
         else:
             self._count_episodes(rows, reward, done, len(ids))
-        obs = request.obs
+        if why is not None:
+            self._run_id[ids[bad]] = _REFUSED  # their next step restarts them: this one is dropped
         prev_action = self.table.prev_action.numpy()[ids]  # a copy: acting replaces the table's
-        if request.acted is None:
+        if acted is None:
             action, extras, state, version = self._act(ids, obs, reward, done)
         else:
-            action, extras, state, version = _acted(request.acted, len(self.table.state))
+            action, extras, state, version = _acted(acted, len(self.table.state))
             self.table.record(torch.from_numpy(ids), action)  # actors keep their own state
         record = {
             # Copied into the unroll buffers before the actor may overwrite it; with frame_stack,
@@ -225,15 +273,32 @@ class InferenceServer:
         extras = {k: v.cpu() for k, v in out.extras.items()}
         return action, extras, tuple(s.cpu() for s in state), version
 
-    def _reset(self, env_ids: np.ndarray, run_ids: np.ndarray) -> None:
-        """An actor (re)started: its envs begin anew, with no state and no partial unroll."""
+    def _reset(self, env_ids: np.ndarray, run_ids: np.ndarray, restarts: int) -> None:
+        """Envs begin anew, with no state and no partial unroll: their actor (re)started
+        (``restarts`` of them) or their step was refused."""
         self._run_id[env_ids] = run_ids
         self.table.reset(torch.from_numpy(env_ids))
         self.builder.reset(env_ids)
         self._ep_return[env_ids] = 0.0
         self._ep_length[env_ids] = 0
         with self._stats_lock:
-            self.stats.resets += len(env_ids)
+            self.stats.resets += restarts
+
+    def _refused(self, env_ids: np.ndarray, why: str) -> None:
+        """Count refused steps; warn of them unless a warning was given lately."""
+        self.refused_steps[env_ids] += 1
+        now = time.monotonic()
+        if now - self._refusals_logged_at < _LOG_EVERY_S:
+            self._refusals_unlogged += len(env_ids)
+            return
+        more, self._refusals_unlogged = self._refusals_unlogged, 0
+        self._refusals_logged_at = now
+        log.warning(
+            "refused the step of env %s: %s; it starts a new episode%s",
+            ", ".join(map(str, env_ids[:8].tolist())) + (", ..." if len(env_ids) > 8 else ""),
+            why,
+            f" ({more} more refused since the last such warning)" if more else "",
+        )
 
     def _count_episodes(
         self, rows: slice | np.ndarray, reward: np.ndarray, done: np.ndarray, served: int
@@ -251,8 +316,11 @@ class InferenceServer:
             self.stats.batches += 1
             self.stats.batch_envs += served
             if ended is not None:
-                self.stats.episode_returns.extend(self._ep_return[ended].tolist())
-                self.stats.episode_lengths.extend(self._ep_length[ended].tolist())
+                returns = self._ep_return[ended]
+                kept = np.abs(returns) <= MAX_ABS_REWARD  # never NaN, inf or absurd
+                self.refused_returns += int(len(ended) - kept.sum())
+                self.stats.episode_returns.extend(returns[kept].tolist())
+                self.stats.episode_lengths.extend(self._ep_length[ended][kept].tolist())
         if ended is not None:
             self._ep_return[ended] = 0.0
             self._ep_length[ended] = 0

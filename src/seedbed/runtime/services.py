@@ -32,7 +32,7 @@ from seedbed.runtime.supervisor import ActorSupervisor
 from seedbed.transport import backend
 from seedbed.transport.base import Fields, ServerTransport, TransportSpec
 from seedbed.transport.board import PolicyBoard
-from seedbed.transport.remote import ActorGateway, Assignment, read_secret
+from seedbed.transport.remote import ActorGateway, Assignment, read_secret, run_token
 from seedbed.types import Buffer, EnvSpec
 
 
@@ -115,6 +115,7 @@ class Services:
             action_dtype=self.spec.action_dtype,
             precision=cfg.precision,
             frame_stack=self.spec.learner_stack,
+            num_actions=self.spec.num_actions,  # local actors' actions are checked against it
         )
         self.publisher = PolicyPublisher(
             self.agent,
@@ -250,6 +251,10 @@ class Services:
             )
 
         token, tls = self.secrets
+        token_file = cfg.token_file
+        if token is None:  # every listener has a token: this run's own, in its directory
+            token, path = run_token(self.run_dir)
+            token_file = str(path)  # the console line below says where
         gateway = ActorGateway(
             cfg.listen,
             list(range(cfg.actors, cfg.num_slots)),
@@ -263,7 +268,7 @@ class Services:
         (self.run_dir / "listen_address").write_text(gateway.address + "\n")
         self.console.print(
             f"[bold]remote actors:[/] seedbed actor --connect {gateway.address}"
-            + (" --token-file FILE" if cfg.token_file else "")
+            + f" --token-file {token_file}"
             + (" --tls-ca CERT" if cfg.tls_cert else "")
         )
         return gateway

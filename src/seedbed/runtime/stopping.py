@@ -8,6 +8,7 @@ several replicas replica 0's decides for all.
 
 from __future__ import annotations
 
+import math
 import threading
 
 from seedbed.config import TrainConfig
@@ -39,6 +40,8 @@ class StopRules:
         reached = (
             self.target_return is not None
             and mean_return is not None
+            # A window that holds an inf (one saved before returns were checked) reaches nothing.
+            and math.isfinite(mean_return)
             and mean_return >= self.target_return
             and progress.window.count >= self.target_episodes
         )

@@ -63,6 +63,7 @@ def run_summary(
         "learner_replicas": run.replica.num_replicas,
         "replicas_in_sync": in_sync,
         "remote_actors": remote_summary(services.gateway),
+        "refused_from_actors": refused_summary(services),
         # Replay's items stored, inserted and sampled (not checkpointed); None for the FIFO.
         "replay": services.buffer.stats(),
         "target_return": cfg.target_return,
@@ -103,6 +104,23 @@ def remote_summary(gateway: ActorGateway | None) -> dict[str, Any] | None:
         "address": gateway.address,
         "connections": gateway.connections,
         "refused": gateway.rejected_total,
+    }
+
+
+def refused_summary(services: Services) -> dict[str, Any] | None:
+    """What the inference server refused from actors (``seedbed.transport.checks``): steps, in
+    all and per actor slot that had any, episode returns, and actors the gateway sent away for
+    it; None if inference never started."""
+    server = services.server
+    if server is None:
+        return None
+    per_slot = server.refused_steps.reshape(-1, services.layout.envs_per_actor).sum(axis=1)
+    gateway = services.gateway
+    return {
+        "steps": int(per_slot.sum()),
+        "steps_by_actor": {str(slot): int(n) for slot, n in enumerate(per_slot) if n},
+        "episode_returns": server.refused_returns,
+        "actors_disconnected": gateway.disconnected if gateway is not None else 0,
     }
 
 

@@ -5,6 +5,7 @@ and shape, the ``Assignment``) and the secrets that guard it; ``gateway`` the le
 which bridges each remote actor into a slot of the learner's server transport; ``client`` the
 actor's end of the stream (``seedbed actor``). The learner's side::
 
+    token, _ = run_token(run_dir)    # where no --token-file was given: every listener has one
     gateway = ActorGateway(address, slots, connect, assign, token, tls, board)
     gateway.start()                  # remote actors now share the inference batches
     ...train...
@@ -27,6 +28,7 @@ from seedbed.transport.remote.wire import (
     Assignment,
     from_wire,
     read_secret,
+    run_token,
     to_wire,
 )
 
@@ -43,5 +45,6 @@ __all__ = [
     "StreamBoard",
     "from_wire",
     "read_secret",
+    "run_token",
     "to_wire",
 ]

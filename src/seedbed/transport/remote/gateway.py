@@ -7,11 +7,16 @@ local actor: it submits each step it receives into the slot and waits for the an
 actor process does. Remote and local actors therefore meet in the very same inference batches,
 and the inference server knows nothing of the network.
 
-Messages are checked before use (``wire``): nothing is unpickled. A listener on a non-loopback
-address needs a shared token (sent as ``authorization: Bearer TOKEN`` metadata); TLS is
-optional. Message sizes are capped at what one step of the slot can hold. A stream without the
-token is refused within a second, holding nothing an actor needs, and one that says no hello
-within ``HELLO_TIMEOUT_S`` is closed: streams that never become actors cannot lock actors out.
+Messages are checked before use (``wire``): nothing is unpickled. Every listener, loopback and
+Unix sockets included, needs a shared token (sent as ``authorization: Bearer TOKEN``
+metadata); TLS is optional. Message sizes are capped at what one step of the slot can hold. A
+stream without the token is refused within a second, holding nothing an actor needs, and one
+that says no hello within ``HELLO_TIMEOUT_S`` is closed: streams that never become actors
+cannot lock actors out. Connections are bounded too: at most ``max_connections`` at once
+(gRPC closes the next ones as they come, before HTTP/2), each closed once idle (no stream) for
+``idle_timeout_s``, and one address may hold streams on at most ``max_per_peer`` of them. An
+actor whose steps carry non-finite values ``REFUSED_IN_A_ROW`` times in a row is disconnected
+(the inference server refuses each such step anyway).
 
 With local inference the actor acts itself: its steps carry what it acted (as actor processes
 write it into their rows), and the gateway sends it each newer policy from the learner's policy
@@ -34,16 +39,16 @@ from typing import Any
 import grpc
 import numpy as np
 
-from seedbed.config import check_token_needed
 from seedbed.errors import SeedbedError
 from seedbed.transport.base import Endpoint
 from seedbed.transport.board import BoardHandle
+from seedbed.transport.checks import REFUSED_IN_A_ROW, check_step
 from seedbed.transport.proto import actor_pb2 as pb
 from seedbed.transport.remote.wire import (
     PROTOCOL,
     Assignment,
     Malformed,
-    from_wire,
+    decode_step,
     parse,
     to_wire,
 )
@@ -60,6 +65,38 @@ _COURTESIES = 16  # such streams waiting at once; the next ones are refused with
 _REFUSING = 16  # room in gRPC's own cap for streams that are being refused right now
 _LOG_REFUSALS_EVERY_S = 10.0  # one warning per kind of refusal in this time, then a count
 _REASONS_KEPT = 100  # the newest refusal reasons kept, for tests and the run's summary
+IDLE_TIMEOUT_S = 60.0  # a connection without a stream this long is closed
+_NAME_CHARS = 64  # an actor's name as logged: printable, at most this long
+
+
+def safe_name(name: str) -> str:
+    """An actor's self-given name, fit for one log line: printable ASCII, bounded."""
+    shown = "".join(c if " " <= c <= "~" else "?" for c in name[:_NAME_CHARS])
+    return shown + ("..." if len(name) > _NAME_CHARS else "")
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit; return the new one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            return soft  # as it was: the cap below then leaves the rest to the learner
+    return hard
+
+
+def connection_cap(slots: int) -> int:
+    """How many connections the listener holds at once: room for every slot and every wait
+    the gateway allows, and at most half the descriptors this process may open (checkpoints,
+    shared memory and logs need the rest)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = slots + MAX_PENDING_HELLOS + _COURTESIES + _REFUSING + 64
+    return wanted if soft == resource.RLIM_INFINITY else max(8, min(wanted, soft // 2))
 
 
 def _kind(message: pb.ActorMessage | Malformed | None) -> str | None:
@@ -99,16 +136,30 @@ class ActorGateway:
         slots: list[int],
         connect: Callable[[int], Endpoint],
         assign: Callable[[int, int], Assignment],
-        token: bytes | None = None,
+        token: bytes,
         tls: tuple[bytes, bytes] | None = None,
         board: BoardHandle | None = None,
         hello_timeout_s: float = HELLO_TIMEOUT_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        max_connections: int | None = None,
     ) -> None:
-        """``board``: with local inference, the ``BoardHandle`` of the policy actors act with.
-        ``hello_timeout_s``: how long a new stream may take to say hello before it is closed."""
-        check_token_needed(address, token is not None)
+        """``token``: what actors must send (never empty). ``board``: with local inference, the
+        ``BoardHandle`` of the policy actors act with. ``hello_timeout_s``: how long a new
+        stream may take to say hello before it is closed; ``idle_timeout_s``: how long a
+        connection may hold no stream; ``max_connections``: connections at once (default
+        ``connection_cap``)."""
+        if not token or not token.strip():
+            raise ValueError("ActorGateway needs a token: give one, e.g. wire.run_token(run_dir)'s")
         self._board = board.open() if board is not None else None
-        self._token = token.strip() if token else None
+        self._token = token.strip()
+        self._idle_timeout_s = idle_timeout_s
+        raise_fd_limit()  # connections, checkpoints and shared memory all need descriptors
+        self.max_connections = max_connections or connection_cap(len(slots))
+        # One address's connections that hold a stream: all of a machine's actors (seedbed
+        # launch runs them all on this host), and a few more.
+        self.max_per_peer = len(slots) + _COURTESIES
+        self._peers: dict[str, dict[str, int]] = {}  # host -> {connection: streams}
+        self.disconnected = 0  # actors sent away for non-finite steps
         self._connect = connect
         self._assign = assign
         self._free = list(slots)
@@ -170,6 +221,10 @@ class ActorGateway:
                 # A connection that has not finished its TLS and HTTP/2 handshakes by then is
                 # dropped (gRPC's default is 120 s): slow connections cost sockets too.
                 ("grpc.server_handshake_timeout_ms", max(1, round(1000 * self._hello_timeout_s))),
+                # Connections that answer pings but never hold a stream are closed, and there
+                # are never more than the cap: idle ones cannot use up the descriptors.
+                ("grpc.max_connection_idle_ms", max(1, round(1000 * self._idle_timeout_s))),
+                ("grpc.max_allowed_incoming_connections", self.max_connections),
             ],
             # Our own limits bound what a stream can hold: a slot (at most `slots` streams),
             # or a wait for its hello (at most MAX_PENDING_HELLOS, hello_timeout_s each), or
@@ -216,8 +271,16 @@ class ActorGateway:
         self, requests: AsyncIterator[pb.ActorMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.LearnerMessage]:
         peer = context.peer()
+        host = _host(peer)
         slot = None
+        connections = self._peers.setdefault(host, {})
+        connections[peer] = connections.get(peer, 0) + 1
         try:
+            if len(connections) > self.max_per_peer:
+                raise _Rejected(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{host} holds streams on {self.max_per_peer} connections already",
+                )
             # The token comes with the stream's headers: check it before reading anything, so
             # that a stream without it holds nothing an actor with it needs.
             if not self._authenticated(context):
@@ -225,12 +288,18 @@ class ActorGateway:
             hello = await self._read_hello(requests)
             slot, connection = self._take_slot()
             assignment = self._assign(slot, connection)
-            async for reply in self._bridge(assignment, hello.actor_name or peer, requests):
+            name = safe_name(hello.actor_name or peer)
+            async for reply in self._bridge(assignment, name, requests):
                 yield reply
         except _Rejected as e:
             self._refused(peer, e)
             await context.abort(e.code, str(e))
         finally:
+            connections[peer] -= 1
+            if not connections[peer]:
+                del connections[peer]
+            if not connections:
+                del self._peers[host]
             if slot is not None:
                 self._free.append(slot)
 
@@ -280,8 +349,6 @@ class ActorGateway:
         log.warning("refused actor %s: %s%s", peer, reason, also)
 
     def _authenticated(self, context: grpc.aio.ServicerContext) -> bool:
-        if self._token is None:
-            return True
         sent = dict(context.invocation_metadata() or ()).get("authorization", "")
         return hmac.compare_digest(sent.encode(), b"Bearer " + self._token)
 
@@ -323,15 +390,9 @@ class ActorGateway:
         slot = assignment.slot
         client = self._connect(slot).open()
         log.info("actor %s connected to slot %d", name, slot)
-        e, dtype = assignment.num_envs, np.dtype(assignment.obs_dtype)
-        fields = (
-            ("obs", dtype, (e, *assignment.obs_shape)),
-            ("reward", np.dtype(np.float32), (e,)),
-            ("done", np.dtype(np.bool_), (e,)),
-            ("truncated", np.dtype(np.bool_), (e,)),
-        )
-        acted_fields = [(n, np.dtype(d), (e, *s)) for n, s, d in assignment.acted()]
+        acted_fields = assignment.acted()
         sent = -1  # the newest policy version this actor was sent
+        refused_in_a_row = 0  # steps with a non-finite value (see seedbed.transport.checks)
         try:
             yield assignment.to_message()
             if acted_fields:
@@ -341,14 +402,19 @@ class ActorGateway:
             async for message in requests:
                 if _kind(message) != "step":
                     raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, "expected a step")
-                step = message.step
                 try:
-                    arrays = [from_wire(getattr(step, n), n, d, s) for n, d, s in fields]
-                    if set(step.acted) != {n for n, _, _ in acted_fields}:
-                        raise ValueError(f"acted fields {sorted(step.acted)} are not the assigned")
-                    acted = {n: from_wire(step.acted[n], n, d, s) for n, d, s in acted_fields}
+                    arrays, acted = decode_step(message.step, assignment)
                 except ValueError as err:
                     raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"bad step: {err}") from None
+                _, why = check_step(arrays[0], arrays[1], acted or None)
+                refused_in_a_row = refused_in_a_row + 1 if why else 0
+                if refused_in_a_row >= REFUSED_IN_A_ROW:
+                    self.disconnected += 1
+                    raise _Rejected(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"{refused_in_a_row} steps in a row were refused ({why}): "
+                        "fix the actor's environment",
+                    )
                 try:
                     actions = await self._call(client, arrays, acted or None)
                 except ConnectionError:
@@ -395,6 +461,11 @@ async def _first(requests: AsyncIterator[pb.ActorMessage], timeout_s: float) -> 
         return await asyncio.wait_for(anext(aiter(requests), None), timeout_s)
     except asyncio.TimeoutError:
         return _TIMED_OUT
+
+
+def _host(peer: str) -> str:
+    """The address part of gRPC's peer string (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``)."""
+    return peer.rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
 
 
 def _with_port(address: str, port: int) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,23 @@ from seedbed.transport.proto import actor_pb2 as pb
 # the modules an actor imports first (an actor of 4 would not, and fail on a plug-in's env).
 PROTOCOL = 5
 METHOD = "/seedbed.v1.Learner/Act"
+
+
+TOKEN_FILE = "actor-token"  # in the run directory, where no --token-file was given
+
+
+def run_token(run_dir: Path) -> tuple[bytes, Path]:
+    """The run's token for remote actors and its file, ``run_dir``/``TOKEN_FILE``: a random one,
+    written with mode 0600, where the run has none yet (a resumed run keeps its own, so actors
+    given the file reconnect). Every listener needs a token, loopback and Unix sockets included."""
+    path = Path(run_dir) / TOKEN_FILE
+    if path.exists():
+        return read_secret(str(path), "the run's token file").strip(), path
+    token = secrets.token_hex(32).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(token + b"\n")
+    return token, path
 
 
 def read_secret(path: str | None, flag: str) -> bytes | None:
@@ -52,7 +71,29 @@ def from_wire(message: pb.Array, name: str, dtype: np.dtype, shape: tuple[int, .
         raise ValueError(f"{name} is {got}, expected {dtype.str} {shape}")
     if len(message.data) != math.prod(shape) * dtype.itemsize:
         raise ValueError(f"{name} carries {len(message.data)} bytes for {dtype.str} {shape}")
+    if dtype == np.bool_ and message.data.translate(None, b"\x00\x01"):
+        raise ValueError(f"{name} holds bytes other than 0 and 1 in a bool array")
     return np.frombuffer(message.data, dtype).reshape(shape)
+
+
+def decode_step(
+    step: pb.Step, assignment: Assignment
+) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """A step's ``[obs, reward, done, truncated]`` and acted fields (none in central mode), if
+    each is exactly what ``assignment`` says; else ValueError saying which is not."""
+    e = assignment.num_envs
+    fields = (
+        ("obs", np.dtype(assignment.obs_dtype), (e, *assignment.obs_shape)),
+        ("reward", np.dtype(np.float32), (e,)),
+        ("done", np.dtype(np.bool_), (e,)),
+        ("truncated", np.dtype(np.bool_), (e,)),
+    )
+    arrays = [from_wire(getattr(step, n), n, d, s) for n, d, s in fields]
+    acted_fields = assignment.acted()
+    if set(step.acted) != {n for n, _, _ in acted_fields}:
+        raise ValueError(f"acted fields {sorted(step.acted)} are not the assigned")
+    acted = {n: from_wire(step.acted[n], n, np.dtype(d), (e, *s)) for n, s, d in acted_fields}
+    return arrays, acted
 
 
 @dataclasses.dataclass(frozen=True)
