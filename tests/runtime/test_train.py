@@ -122,7 +122,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, no_l
     newest.write_bytes(newest.read_bytes()[:1000])  # a copy cut short
     (run / "checkpoints" / ".ckpt-abc.tmp").write_bytes(b"a write a SIGKILL cut short")
     resumed = train(resolve([tiny_settings(run, total_frames=12_000, resume=True)]))
-    assert f"the newest checkpoint {newest} is damaged" in caplog.text
+    assert f"the checkpoint {newest} is damaged" in caplog.text
     assert f"resumed from {older}" in caplog.text
     assert (run / "checkpoints" / (newest.name + ".corrupt")).is_file()  # kept, set aside
     assert not list((run / "checkpoints").glob(".ckpt-*.tmp"))
