@@ -33,6 +33,8 @@ class Progress:
     # The frames, wall time and mean return when the target return was first reached.
     target_reached: dict[str, float] | None = None
     actor_restarts: int = 0  # this session's, over all replicas; not checkpointed
+    # Optimizer steps skipped as not finite (NaN or inf), this session's; not checkpointed.
+    skipped_steps: int = 0
 
 
 def checkpoint_payload(
