@@ -45,13 +45,29 @@ def _settings_layers(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> li
     flags = {k: v for k, v in vars(args).items() if k not in own}
     layers = []
     if flags.get("resume") and flags.get("run_dir"):
-        saved = Path(flags["run_dir"]) / "config.yaml"
-        if saved.is_file():
-            layers.append(load_yaml(saved))
+        layers.append(_resumed_settings(Path(flags["run_dir"])))
     if args.config:
         layers.append(load_yaml(args.config))
     layers.append(flags)
     return layers
+
+
+def _resumed_settings(run_dir: Path) -> dict[str, Any]:
+    """The settings a resumed run was saved with: its ``config.yaml``, or where that is gone,
+    those its newest loadable checkpoint holds (never the defaults, without a word)."""
+    saved = run_dir / "config.yaml"
+    if saved.exists():
+        return load_yaml(saved)
+    from seedbed.runtime.checkpoint import load_latest
+
+    found = load_latest(run_dir, set_aside=False)
+    if found is None or not isinstance(found[1].get("config"), dict):
+        return {}  # the run itself says what is missing
+    path, payload = found
+    logging.getLogger(__name__).warning(
+        "%s has no config.yaml: resuming with the settings saved in %s", run_dir, path.name
+    )
+    return {**payload["config"], "resume_mismatch": "refuse"}  # accepted only on purpose
 
 
 def _report(summary: dict[str, Any]) -> int:

@@ -113,6 +113,11 @@ class TrainConfig:
     )
     run_dir: str | None = setting(None, "run directory; none: runs/ENV-AGENT-TIMESTAMP")
     resume: bool = setting(False, "continue the run in --run-dir from its last checkpoint")
+    resume_mismatch: Literal["refuse", "accept"] = setting(
+        "refuse",
+        "with --resume, a checkpoint made with another env, agent, or setting of the agent or env "
+        "than this run's: refuse it (naming the setting), or accept it on purpose",
+    )
     checkpoint_every_s: float = setting(60.0, "seconds between periodic checkpoints")
     keep_checkpoints: int = setting(3, "periodic checkpoints kept (the final one is kept too)")
     log_every_s: float = setting(1.0, "seconds between metrics rows")
