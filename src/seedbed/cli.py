@@ -185,13 +185,21 @@ def _eval_parser(subparsers: Any) -> None:
     p.add_argument("--video", metavar="PATH.mp4", default=None, help="record the episodes")
     p.add_argument("--seed", type=int, default=12345, help="seed of the evaluation episodes")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device")
+    p.add_argument(
+        "--plugins",
+        default="",
+        metavar="MODULE,...",
+        help="modules the checkpoint may import (its plug-ins, its env's module); eval refuses "
+        "a checkpoint that names others",
+    )
     p.set_defaults(command=cmd_eval)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from seedbed import evaluate
 
-    result = evaluate(args.path, args.episodes, args.video, args.seed, args.device)
+    plugins = coerce("plugins", args.plugins, tuple[str, ...])
+    result = evaluate(args.path, args.episodes, args.video, args.seed, args.device, plugins)
     print(
         f"{result['episodes']} episodes of {result['env']}: return "
         f"{result['mean_return']:.1f} ± {result['std_return']:.1f} "
