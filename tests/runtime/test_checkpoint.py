@@ -109,3 +109,18 @@ def test_an_unreadable_newest_checkpoint_stops_the_resume_and_is_left_as_it_is(t
     with pytest.raises(SeedbedError, match="cannot read checkpoint .*Is a directory"):
         load_latest(tmp_path)
     assert newest.is_dir() and not list(folder.glob("*.corrupt"))
+
+
+def test_the_torch_seedbed_allows_loads_weights_only_without_running_code():
+    """Before torch 2.6, ``torch.load(weights_only=True)`` could still run code from a crafted
+    file (CVE-2025-32434): the oldest torch allowed, and the one pinned, are 2.6 or later."""
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    (torch_req,) = [r for r in project["dependencies"] if r.startswith("torch")]
+    lowest = torch_req.split(">=")[1].split(",")[0]
+    assert tuple(map(int, lowest.split(".")[:2])) >= (2, 6), torch_req
+    pinned = [line for line in (root / "constraints.txt").read_text().splitlines()]
+    (pin,) = [line.split("==")[1] for line in pinned if line.startswith("torch==")]
+    assert tuple(map(int, pin.split(".")[:2])) >= (2, 6), pin
+    assert tuple(map(int, torch.__version__.split("+")[0].split(".")[:2])) >= (2, 6)
