@@ -388,7 +388,7 @@ def coerce(name: str, value: Any, tp: Any) -> Any:
             return float(value)
         if tp is str:
             return str(value)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:  # int(inf) overflows
         raise ConfigError(f"--{flag(name)}: invalid value {value!r} ({e})") from None
     raise TypeError(f"setting {name} has unsupported type {tp}")
 
@@ -408,7 +408,7 @@ def unknown_message(key: str, known: typing.Iterable[str]) -> str:
     """A one-line error for a setting that does not exist, with the closest real ones."""
     close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see `seedbed train --help`"
-    return f"unknown setting '{key}'{hint}"
+    return f"unknown setting {key!r}{hint}"  # repr: one line, whatever the key holds
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
@@ -423,9 +423,12 @@ def to_dict(obj: Any) -> dict[str, Any]:
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping, with a one-line error when it is missing or not a mapping."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:  # a folder, no permission, not text
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise ConfigError(f"config file {path} cannot be read ({why})") from None
     except yaml.YAMLError as e:
         raise ConfigError(
             f"config file {path} is not valid YAML: {str(e).splitlines()[0]}"

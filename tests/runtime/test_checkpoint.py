@@ -120,7 +120,7 @@ def test_the_torch_seedbed_allows_loads_weights_only_without_running_code():
     (torch_req,) = [r for r in project["dependencies"] if r.startswith("torch")]
     lowest = torch_req.split(">=")[1].split(",")[0]
     assert tuple(map(int, lowest.split(".")[:2])) >= (2, 6), torch_req
-    pinned = [line for line in (root / "constraints.txt").read_text().splitlines()]
+    pinned = (root / "constraints.txt").read_text().splitlines()
     (pin,) = [line.split("==")[1] for line in pinned if line.startswith("torch==")]
     assert tuple(map(int, pin.split(".")[:2])) >= (2, 6), pin
     assert tuple(map(int, torch.__version__.split("+")[0].split(".")[:2])) >= (2, 6)
