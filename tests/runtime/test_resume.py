@@ -16,7 +16,7 @@ from seedbed.envs import make_spec
 from seedbed.errors import SeedbedError
 from seedbed.resolve import resolve
 from seedbed.runtime.checkpoint import list_checkpoints, save_checkpoint
-from seedbed.runtime.progress import Progress, checkpoint_payload
+from seedbed.runtime.progress import Progress, check_settings, checkpoint_payload
 from seedbed.runtime.rundir import RunFiles
 from tests.conftest import tiny_settings
 from tests.runtime.test_faults import assert_one_line_error
@@ -69,3 +69,17 @@ def test_a_run_without_config_yaml_resumes_on_its_checkpoints_settings(tmp_path)
     assert saved["env"] == made.train.env and saved["total_frames"] == 2000
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "total_frames" and summary["frames"] >= 2000
+
+
+def test_a_setting_the_checkpoint_does_not_record_is_not_compared(tmp_path):
+    """A setting a newer seedbed added is missing from an older checkpoint: not a mismatch.
+    One that both record and that differs is, named as its flag."""
+    config = resolve([tiny_settings(tmp_path, lr=0.001)])
+    saved = config.to_dict()
+    del saved["ppo"]["entropy_cost"]
+    check_settings(tmp_path / "ckpt.pt", saved, config)
+    saved["ppo"]["hidden_sizes"] = [7]
+    with pytest.raises(SeedbedError, match="made with --hidden-sizes 7, this run has"):
+        check_settings(tmp_path / "ckpt.pt", saved, config)
+    with pytest.raises(SeedbedError, match="holds no settings.*--resume-mismatch accept"):
+        check_settings(tmp_path / "ckpt.pt", None, config)

@@ -93,7 +93,8 @@ def check_settings(path: Path, saved: Any, config: RunConfig) -> None:
     pairs = [(name, saved.get(name), mine[name]) for name in ("env", "agent")]
     for section in dict.fromkeys((config.train.agent, config.family)):
         theirs, ours = saved.get(section) or {}, mine.get(section) or {}
-        pairs += [(key, theirs.get(key), ours.get(key)) for key in sorted({*theirs, *ours})]
+        # A setting one side lacks came or went with a new seedbed: not the user's change.
+        pairs += [(key, theirs[key], ours[key]) for key in sorted(theirs) if key in ours]
     for name, theirs, ours in pairs:
         if theirs != ours:
             raise SeedbedError(
