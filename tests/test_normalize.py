@@ -143,3 +143,27 @@ def test_a_replicated_run_counts_every_observation_and_resumes_its_statistics(tm
     second = train(resolve([tiny_settings(run, total_frames=6000, resume=True, **settings)]))
     assert second["replicas_in_sync"] is True and second["learner_steps"] > first["learner_steps"]
     assert _statistics(second["checkpoint"])["obs_norm.count"] == second["learner_steps"] * 4 * 8
+
+
+def test_observations_holding_nan_or_inf_are_left_out_of_the_statistics():
+    clean = torch.randn(6, 3)
+    bad = torch.tensor([[float("nan"), 0.0, 0.0], [0.0, float("inf"), 1.0]])
+    poisoned, reference = ObsNormalizer((3,)), ObsNormalizer((3,))
+    poisoned.update(torch.cat([clean[:3], bad, clean[3:]]))
+    reference.update(clean)
+    for name in ("count", "mean", "var"):
+        assert torch.equal(getattr(poisoned, name), getattr(reference, name)), name
+    poisoned.update(bad)  # nothing finite at all: nothing changes
+    assert torch.equal(poisoned.mean, reference.mean) and poisoned.count == 6
+
+
+def test_popart_leaves_out_targets_that_are_not_finite():
+    torch.manual_seed(0)
+    poisoned, reference = PopArtValue(4), PopArtValue(4)
+    reference.load_state_dict(poisoned.state_dict())
+    targets = torch.randn(8) * 10
+    poisoned.update(torch.cat([targets, torch.tensor([float("nan"), float("inf")])]))
+    reference.update(targets)
+    for key, value in reference.state_dict().items():
+        assert torch.equal(poisoned.state_dict()[key], value), key
+    assert all(v.isfinite().all() for v in poisoned.state_dict().values())

@@ -421,3 +421,17 @@ def test_both_stores_have_the_buffer_methods(store):
     for name in methods:
         want = list(inspect.signature(getattr(Buffer, name)).parameters)
         assert list(inspect.signature(getattr(store, name)).parameters) == want, name
+
+
+def test_non_finite_priorities_leave_their_items_as_they_were():
+    store = replay(capacity=4)
+    store.put(make_unrolls(0, 4, 4))
+    batch = store.get(4)
+    batch.replay.priorities = torch.tensor([float("nan"), float("inf"), 3.0, 1.0])
+    store.learned(batch)  # a learner that skipped a non-finite step: no traceback
+    drawn = torch.bincount(store.get(4000).replay.indices, minlength=4).float() / 4000
+    # Items 0 and 1 keep the first priority (1), items 2 and 3 take theirs: 1 : 1 : 3 : 1.
+    assert torch.allclose(drawn, torch.tensor([1.0, 1.0, 3.0, 1.0]) / 6, atol=0.03), drawn
+    batch.replay.priorities = torch.tensor([-1.0, 1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match=">= 0"):
+        store.learned(batch)

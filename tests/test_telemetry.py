@@ -265,3 +265,14 @@ def test_module_import_is_light():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_resume_drops_rows_with_nul_bytes_or_broken_utf8(tmp_path):
+    """A crash or a disk may leave NUL bytes or invalid UTF-8 in metrics.csv: the resume keeps
+    the rows that parse instead of failing with a traceback."""
+    (tmp_path / "metrics.csv").write_bytes(
+        b"frames,wall_s,loss\n100,1.0,0.5\n\x00\x00\x00\x00\n2\xff0,2.0,0.4\n300,3.0,0.3\n"
+    )
+    with _quiet(tmp_path, resume_frames=1000) as log:
+        log.log({"frames": 400, "wall_s": 4.0, "loss": 0.25})
+    assert [r[0] for r in _rows(tmp_path / "metrics.csv")] == ["frames", "100", "300", "400"]

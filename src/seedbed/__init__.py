@@ -55,12 +55,14 @@ def evaluate(
     video: str | None = None,
     seed: int = 12345,
     device: str = "cpu",
+    plugins: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Run a trained policy as ``seedbed eval`` does: ``path`` is a run directory (its newest
-    checkpoint) or a checkpoint file; returns the episodes' returns, mean, std, min and max."""
+    checkpoint) or a checkpoint file; returns the episodes' returns, mean, std, min and max.
+    ``plugins``: the modules the checkpoint may import (its plug-ins, its env's module)."""
     from seedbed.errors import ConfigError
     from seedbed.runtime.evaluate import evaluate as run
 
     if episodes <= 0:
         raise ConfigError(f"--episodes must be positive, got {episodes}")
-    return run(path, episodes, video, seed, device)
+    return run(path, episodes, video, seed, device, tuple(plugins))

@@ -54,9 +54,8 @@ def _named_layers(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> list[
     flags = {k: v for k, v in vars(args).items() if k not in own}
     layers: list[Layer] = []
     if flags.get("resume") and flags.get("run_dir"):
-        saved = Path(flags["run_dir"]) / "config.yaml"
-        if saved.is_file():
-            layers.append((f"resumed {saved}", load_yaml(saved)))
+        run_dir = Path(flags["run_dir"])
+        layers.append((f"the resumed run {run_dir}", _resumed_settings(run_dir)))
     if args.config:
         layers.append((f"--config {args.config}", load_yaml(args.config)))
     layers.append(("flag", flags))
@@ -72,6 +71,24 @@ def _print_config(layers: list[Layer]) -> int:
     config, sources = resolve_with_sources(layers)
     print(explain(config, sources))
     return 0
+
+
+def _resumed_settings(run_dir: Path) -> dict[str, Any]:
+    """The settings a resumed run was saved with: its ``config.yaml``, or where that is gone,
+    those its newest loadable checkpoint holds (never the defaults, without a word)."""
+    saved = run_dir / "config.yaml"
+    if saved.exists():
+        return load_yaml(saved)
+    from seedbed.runtime.checkpoint import load_latest
+
+    found = load_latest(run_dir, set_aside=False)
+    if found is None or not isinstance(found[1].get("config"), dict):
+        return {}  # the run itself says what is missing
+    path, payload = found
+    logging.getLogger(__name__).warning(
+        "%s has no config.yaml: resuming with the settings saved in %s", run_dir, path.name
+    )
+    return {**payload["config"], "resume_mismatch": "refuse"}  # accepted only on purpose
 
 
 def _report(summary: dict[str, Any]) -> int:
@@ -198,13 +215,21 @@ def _eval_parser(subparsers: Any) -> None:
     p.add_argument("--video", metavar="PATH.mp4", default=None, help="record the episodes")
     p.add_argument("--seed", type=int, default=12345, help="seed of the evaluation episodes")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device")
+    p.add_argument(
+        "--plugins",
+        default="",
+        metavar="MODULE,...",
+        help="modules the checkpoint may import (its plug-ins, its env's module); eval refuses "
+        "a checkpoint that names others",
+    )
     p.set_defaults(command=cmd_eval)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from seedbed import evaluate
 
-    result = evaluate(args.path, args.episodes, args.video, args.seed, args.device)
+    plugins = coerce("plugins", args.plugins, tuple[str, ...])
+    result = evaluate(args.path, args.episodes, args.video, args.seed, args.device, plugins)
     print(
         f"{result['episodes']} episodes of {result['env']}: return "
         f"{result['mean_return']:.1f} ± {result['std_return']:.1f} "

@@ -114,6 +114,11 @@ class TrainConfig:
     )
     run_dir: str | None = setting(None, "run directory; none: runs/ENV-AGENT-TIMESTAMP")
     resume: bool = setting(False, "continue the run in --run-dir from its last checkpoint")
+    resume_mismatch: Literal["refuse", "accept"] = setting(
+        "refuse",
+        "with --resume, a checkpoint made with another env, agent, or setting of the agent or env "
+        "than this run's: refuse it (naming the setting), or accept it on purpose",
+    )
     checkpoint_every_s: float = setting(60.0, "seconds between periodic checkpoints")
     keep_checkpoints: int = setting(3, "periodic checkpoints kept (the final one is kept too)")
     log_every_s: float = setting(1.0, "seconds between metrics rows")
@@ -368,7 +373,7 @@ def coerce(name: str, value: Any, tp: Any) -> Any:
             return float(value)
         if tp is str:
             return str(value)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:  # int(inf) overflows
         raise ConfigError(f"--{flag(name)}: invalid value {value!r} ({e})") from None
     raise TypeError(f"setting {name} has unsupported type {tp}")
 
@@ -388,7 +393,7 @@ def unknown_message(key: str, known: typing.Iterable[str]) -> str:
     """A one-line error for a setting that does not exist, with the closest real ones."""
     close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see `seedbed train --help`"
-    return f"unknown setting '{key}'{hint}"
+    return f"unknown setting {key!r}{hint}"  # repr: one line, whatever the key holds
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
@@ -403,9 +408,12 @@ def to_dict(obj: Any) -> dict[str, Any]:
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping, with a one-line error when it is missing or not a mapping."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:  # a folder, no permission, not text
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise ConfigError(f"config file {path} cannot be read ({why})") from None
     except yaml.YAMLError as e:
         raise ConfigError(
             f"config file {path} is not valid YAML: {str(e).splitlines()[0]}"

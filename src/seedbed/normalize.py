@@ -66,8 +66,13 @@ class ObsNormalizer(nn.Module):
 
     @torch.no_grad()
     def update(self, obs: torch.Tensor, reduce: Reduce = _alone) -> None:
-        """Merge observations ``[..., *obs_shape]`` (over every replica) into the statistics."""
+        """Merge observations ``[..., *obs_shape]`` (over every replica) into the statistics;
+        one holding a NaN or an infinity is left out, which would poison them for good."""
         x = obs.reshape(-1, *self.mean.shape)
+        if x.is_floating_point():
+            finite = torch.isfinite(x.reshape(len(x), -1)).all(1)
+            if not bool(finite.all()):
+                x = x[finite]
         count, total, squares = reduce(
             [self.mean.new_tensor(len(x), dtype=torch.float64), *self._sums(x)]
         )
@@ -138,8 +143,9 @@ class PopArtValue(nn.Linear):
     @torch.no_grad()
     def update(self, targets: torch.Tensor, reduce: Reduce = _alone) -> None:
         """Move the statistics a step of ``beta`` towards the (all replicas') batch of value
-        targets, keeping every output as it was."""
+        targets, keeping every output as it was; targets that are not finite are left out."""
         t = targets.detach().double().reshape(-1)
+        t = t[torch.isfinite(t)]  # a NaN or an infinity would poison the statistics for good
         count, total, squares = reduce([t.new_tensor(len(t)), t.sum(), t.pow(2).sum()])
         if count <= 0:
             return

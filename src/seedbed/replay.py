@@ -327,6 +327,7 @@ class PrioritizedReplay:
         """Store the priorities the learner set on a batch from ``get``, unless overwritten since.
 
         Priorities may be on any device; they become ``p + 1e-6`` so no item is left undrawable.
+        Items whose priority is NaN or infinite keep the one they had.
         """
         info = batch.replay
         if info is None or info.priorities is None:
@@ -336,10 +337,13 @@ class PrioritizedReplay:
         generations = info.generations.detach().to("cpu", torch.int64).numpy().ravel()
         if not priorities.shape == items.shape == generations.shape:
             raise ValueError(f"{priorities.size} priorities for {items.size} items")
-        if not np.all(np.isfinite(priorities) & (priorities >= 0)):
-            raise ValueError("priorities must be finite and >= 0")
+        if np.any(priorities < 0):
+            raise ValueError("priorities must be >= 0")
         with self._cond:
-            fresh = self._generation[items // self._positions] == generations
+            # An item whose priority is not finite keeps the one it has: a learner fed a
+            # non-finite value skips the step, and this must not end the run.
+            fresh = np.isfinite(priorities)
+            fresh &= self._generation[items // self._positions] == generations
             priorities = priorities[fresh] + 1e-6
             if priorities.size:
                 self._max_priority = max(self._max_priority, float(priorities.max()))

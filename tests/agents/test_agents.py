@@ -5,12 +5,14 @@ the agents are listed and while each test runs."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 
 from seedbed.agents import AGENTS, action_kinds, config_class, make_agent
+from seedbed.agents.base import SKIPPED
 from seedbed.inference.acting import ActingTable
 from seedbed.inference.unrolls import UnrollBuilder
 from seedbed.resolve import resolve
@@ -102,6 +104,31 @@ def test_agent_learns_and_checkpoints(name, kind, lstm, tmp_path):
     saved, loaded = agent.state_dict()["network"], again.state_dict()["network"]
     assert all(torch.equal(saved[k], loaded[k]) for k in saved)
     assert agent.learn(batch)["loss"] == pytest.approx(again.learn(batch)["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize(("name", "kind"), AGENT_KINDS)
+def test_agent_skips_a_non_finite_batch_and_keeps_its_weights(name, kind):
+    """A batch with NaN observations and rewards: every step it makes is skipped and counted,
+    the weights and the optimizer's state stay as they were, and the next batch learns."""
+    torch.manual_seed(0)
+    spec = SPECS[kind]
+    agent = make_agent(name, spec, resolve([{"agent": name}]).agent, "cpu")
+    batch = collect(agent, spec)
+    agent.learn(batch)  # an optimizer with state of its own to keep
+    before = copy.deepcopy(agent.state_dict())
+    bad = copy.deepcopy(batch)
+    bad.steps["obs"][:] = float("nan")
+    bad.steps["reward"][1] = float("nan")
+    metrics = agent.learn(bad)
+    assert metrics[SKIPPED] >= 1
+    after = agent.state_dict()
+    assert all(torch.equal(before["network"][k], v) for k, v in after["network"].items())
+    assert all(v.isfinite().all() for v in after["network"].values() if v.is_floating_point())
+    state = after["optimizer"]["state"]
+    old = before["optimizer"]["state"]
+    assert all(torch.equal(old[i][key], v) for i in state for key, v in state[i].items())
+    metrics = agent.learn(batch)
+    assert metrics[SKIPPED] == 0 and math.isfinite(metrics["loss"])
 
 
 @pytest.mark.parametrize(("name", "kind"), AGENT_KINDS)

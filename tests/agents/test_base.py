@@ -1,11 +1,21 @@
-"""What the agents share (``seedbed.agents.base``): gradient clipping and parameter copies."""
+"""What the agents share (``seedbed.agents.base``): the optimizer step and its finiteness check,
+gradient and reward clipping, and parameter copies."""
 
 from __future__ import annotations
+
+import copy
+import math
 
 import pytest
 import torch
 
-from seedbed.agents.base import clip_grad_norm, copy_parameters
+from seedbed.agents.base import (
+    SKIPPED,
+    clip_grad_norm,
+    clip_rewards,
+    copy_parameters,
+    optimizer_step,
+)
 
 
 def _net_with_grads(seed: int, scale: float) -> torch.nn.Module:
@@ -50,3 +60,37 @@ def test_copy_parameters_copies_parameters_and_buffers():
     assert dst.num_batches_tracked.dtype == torch.int64
     with pytest.raises(ValueError, match="parameters and buffers"):
         copy_parameters(src, torch.nn.Linear(4, 4))
+
+
+def test_reward_clipping_turns_nan_into_zero_and_infinities_into_the_bounds():
+    rewards = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.5, -3.0])
+    assert clip_rewards(rewards, 1.0).tolist() == [0.0, 1.0, -1.0, 0.5, -1.0]
+    assert clip_rewards(rewards, None) is rewards  # unclipped: the step's check catches it
+
+
+@pytest.mark.parametrize("bad", ["nan_loss", "inf_gradient"])
+def test_a_non_finite_step_is_skipped_and_leaves_weights_and_optimizer_as_they_were(bad):
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.1)
+    x = torch.randn(4, 3)
+    optimizer_step(net, optimizer, {"loss_a": net(x).square().mean()}, 1.0)  # state to keep
+    weights = [p.detach().clone() for p in net.parameters()]
+    moments = copy.deepcopy(optimizer.state_dict())
+    if bad == "nan_loss":
+        term = net(x).square().mean() * float("nan")
+    else:  # a finite loss (sqrt(0) = 0) whose gradient is not (sqrt's at 0 is infinite)
+        zero = net.weight.sum() - net.weight.sum().detach()
+        term = net(x).square().mean() + zero.abs().sqrt()
+        assert math.isfinite(term.item())
+    metrics = optimizer_step(net, optimizer, {"loss_a": term}, 1.0)
+    assert metrics[SKIPPED] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(weights, net.parameters(), strict=True))
+    assert all(p.grad is None for p in net.parameters())
+    after = optimizer.state_dict()["state"]
+    assert all(
+        torch.equal(moments["state"][k][name], after[k][name]) for k in after for name in after[k]
+    )
+    metrics = optimizer_step(net, optimizer, {"loss_a": net(x).square().mean()}, 1.0)
+    assert metrics[SKIPPED] == 0.0 and math.isfinite(metrics["loss"])
+    assert not all(torch.equal(a, b) for a, b in zip(weights, net.parameters(), strict=True))

@@ -4,12 +4,14 @@ discrete and continuous action spaces, and a seed gives the same episodes again.
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
 
 from seedbed.agents import make_agent
 from seedbed.envs import make_spec
+from seedbed.errors import SeedbedError
 from seedbed.resolve import resolve
 from seedbed.runtime.checkpoint import save_checkpoint
 from seedbed.runtime.evaluate import evaluate
@@ -27,3 +29,27 @@ def test_a_recurrent_policy_evaluates_the_same_on_a_seed(env, agent, tmp_path):
     assert first["env"] == env and len(first["returns"]) == 2
     assert all(math.isfinite(r) for r in first["returns"])
     assert evaluate(tmp_path, episodes=2, seed=3)["returns"] == first["returns"]
+
+
+def test_eval_imports_only_the_modules_its_user_names(tmp_path, monkeypatch):
+    """A checkpoint names modules to import (plug-ins, an env id's ``module:``): eval refuses
+    it in one line without importing them, unless they are named with --plugins."""
+    for module in ("evalplug", "evalenv"):
+        (tmp_path / f"{module}.py").write_text(
+            f"import pathlib\npathlib.Path({str(tmp_path)!r}, '{module}.ran').touch()\n"
+        )
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = resolve([{"env": "CartPole-v1", "agent": "vtrace"}])
+    made = make_agent("vtrace", make_spec("CartPole-v1"), config.agent, torch.device("cpu"))
+    saved = {**config.to_dict(), "plugins": ["evalplug"]}
+    path = save_checkpoint(tmp_path / "a", 0, {"agent": made.state_dict(), "config": saved}, 1)
+    with pytest.raises(SeedbedError, match="imports evalplug.*pass --plugins evalplug$"):
+        evaluate(path, episodes=1)
+    saved = {**config.to_dict(), "env": "evalenv:CartPole-v1"}
+    other = save_checkpoint(tmp_path / "b", 0, {"agent": made.state_dict(), "config": saved}, 1)
+    with pytest.raises(SeedbedError, match="imports evalenv.*pass --plugins evalenv$"):
+        evaluate(other, episodes=1)
+    assert not list(tmp_path.glob("*.ran"))  # nothing ran
+    assert evaluate(path, episodes=1, plugins=("evalplug",))["episodes"] == 1
+    assert [p.name for p in tmp_path.glob("*.ran")] == ["evalplug.ran"]

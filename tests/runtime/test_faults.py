@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from seedbed.runtime.checkpoint import list_checkpoints, load_checkpoint
 from tests.conftest import (
@@ -319,3 +320,90 @@ def test_a_file_size_limit_stops_the_run_in_one_line(tmp_path):
     assert "it has none" in line
     assert not list((run / "checkpoints").iterdir())  # no partial write either
     assert_nothing_left([], before)
+
+
+def _finite(payload: object) -> bool:
+    """Whether every floating tensor in a checkpoint's payload is finite."""
+    if isinstance(payload, torch.Tensor):
+        return not payload.is_floating_point() or bool(payload.isfinite().all())
+    if isinstance(payload, dict):
+        return all(_finite(v) for v in payload.values())
+    if isinstance(payload, list | tuple):
+        return all(_finite(v) for v in payload)
+    return True
+
+
+def test_a_diverging_run_stops_in_one_line_and_keeps_finite_checkpoints(tmp_path):
+    """A learning rate of 1e30 makes the weights huge in a step or two; every later loss is
+    inf or NaN. Each such step is skipped and counted, and 20 updates in a row stop the run in
+    one line; every checkpoint, the final one included, loads and holds only finite values."""
+    run, before = tmp_path / "r", shm_blocks()
+    proc = start(run, lr=1e30, checkpoint_every_s=0.2)
+    code, _, err = finish(proc, timeout=120)
+    assert code == 2, err[-3000:]
+    assert_one_line_error(err, "not finite", "20 updates in a row", "--resume")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "error" and summary["skipped_steps"] >= 20
+    assert int(rows(run)[-1]["skipped_steps"]) == summary["skipped_steps"]
+    checkpoints = list_checkpoints(run / "checkpoints")
+    assert checkpoints and summary["checkpoint"] == str(checkpoints[-1])
+    assert all(_finite(load_checkpoint(path)) for path in checkpoints)
+    assert_kept(run, [], before)
+
+
+# A user's agent with a bug in acting: PPO, whose act raises once the run is under way.
+_BOOM = {
+    "__init__.py": "import seedbed.agents\n\nseedbed.agents.register('boom', 'boomplug')\n",
+    "config.py": (
+        "import dataclasses\n"
+        "from seedbed.agents.ppo.config import ACTIONS, FAMILY_DEFAULTS, RUN_DEFAULTS, PPOConfig\n"
+        "@dataclasses.dataclass\nclass BoomConfig(PPOConfig):\n    pass\n"
+        "CONFIG_CLASS = BoomConfig\n"
+    ),
+    "learning.py": (
+        "from seedbed.agents.ppo.learning import PPOAgent\n"
+        "class BoomAgent(PPOAgent):\n"
+        "    calls = 0\n"
+        "    def act(self, net, step, state):\n"
+        "        BoomAgent.calls += 1\n"
+        "        if BoomAgent.calls > 200:\n"
+        "            raise RuntimeError('boom while acting')\n"
+        "        return super().act(net, step, state)\n"
+        "AGENT_CLASS = BoomAgent\n"
+    ),
+}
+
+
+def test_an_inference_thread_that_raises_stops_the_run_in_one_line(tmp_path):
+    """The inference thread dies of a bug while acting: the run stops with one line naming
+    it and a final checkpoint, rather than idle forever with no frames and no checkpoints."""
+    package = tmp_path / "plugins" / "boomplug"
+    package.mkdir(parents=True)
+    for name, text in _BOOM.items():
+        (package / name).write_text(text)
+    path = os.pathsep.join([str(tmp_path / "plugins"), os.environ.get("PYTHONPATH", "")])
+    run, before = tmp_path / "r", shm_blocks()
+    env = {**os.environ, "PYTHONPATH": path}
+    proc = start(run, env=env, plugins="boomplug", agent="boom", checkpoint_every_s=1000.0)
+    code, _, err = finish(proc, timeout=120)
+    assert code == 2, err[-3000:]
+    assert_one_line_error(err, "the inference thread failed", "RuntimeError: boom while acting")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "error" and summary["frames"] > 0
+    assert load_checkpoint(summary["checkpoint"])["frames"] == summary["frames"]
+    assert_kept(run, [], before)
+
+
+def test_a_stop_signal_to_the_whole_process_group_restarts_no_actor(tmp_path):
+    """`timeout -s TERM` and a scheduler signal the whole process group: the fork server the
+    actors came from ends with it, which must not read as dead actors to restart."""
+    run, before = tmp_path / "r", shm_blocks()
+    proc = start(run, checkpoint_every_s=1000.0)
+    wait_for_frames(run, 1000, proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    code, _, err = finish(proc, timeout=120)
+    assert code == 130, err[-3000:]
+    assert "died" not in err and "restarting" not in err, err[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["actor_restarts"] == 0
+    assert_kept(run, [], before)

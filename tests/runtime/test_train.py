@@ -122,7 +122,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, no_l
     newest.write_bytes(newest.read_bytes()[:1000])  # a copy cut short
     (run / "checkpoints" / ".ckpt-abc.tmp").write_bytes(b"a write a SIGKILL cut short")
     resumed = train(resolve([tiny_settings(run, total_frames=12_000, resume=True)]))
-    assert f"the newest checkpoint {newest} is damaged" in caplog.text
+    assert f"the checkpoint {newest} is damaged" in caplog.text
     assert f"resumed from {older}" in caplog.text
     assert (run / "checkpoints" / (newest.name + ".corrupt")).is_file()  # kept, set aside
     assert not list((run / "checkpoints").glob(".ckpt-*.tmp"))
@@ -355,7 +355,11 @@ def test_several_inference_threads_serve_a_run(tmp_path, no_leaks):
     assert shares["acting"] > 0 and sum(shares.values()) == pytest.approx(1.0, abs=0.01)
 
 
-def test_crash_looping_actor_stops_the_run_with_a_clear_error(tmp_path, no_leaks):
+def test_actors_failing_at_start_with_the_same_error_stop_the_run_at_once(
+    tmp_path, no_leaks, capfd
+):
+    """An env the actors cannot make: the second identical failure stops the run with that
+    error's line, not --max-actor-restarts restarts and as many tracebacks."""
     import gymnasium as gym
 
     from seedbed.errors import SeedbedError
@@ -366,10 +370,13 @@ def test_crash_looping_actor_stops_the_run_with_a_clear_error(tmp_path, no_leaks
             "seedbed-test/OnlyHere-v0",
             entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
         )
-    settings = tiny_settings(tmp_path / "run", env="seedbed-test/OnlyHere-v0", max_actor_restarts=2)
-    with pytest.raises(SeedbedError, match="giving up"):
+    settings = tiny_settings(tmp_path / "run", env="seedbed-test/OnlyHere-v0")
+    with pytest.raises(SeedbedError, match="failed at start twice with the same error") as e:
         train(resolve([settings]))
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["stop_reason"] == "error"
+    assert "OnlyHere" in str(e.value) and "\n" not in str(e.value)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stop_reason"] == "error" and summary["actor_restarts"] <= 1
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_one_env_per_actor_and_partial_batches(tmp_path, no_leaks):

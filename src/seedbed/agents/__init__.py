@@ -84,8 +84,8 @@ def _config_module(name: str, package: str) -> Any:
 
 def check_agent(name: str) -> None:
     """Raise a one-line ConfigError when ``name`` is not a registered agent."""
-    if name not in AGENTS:
-        raise ConfigError(f"unknown agent '{name}'; choose one of {', '.join(AGENTS)}")
+    if not isinstance(name, str) or name not in AGENTS:  # a YAML list or mapping, too
+        raise ConfigError(f"unknown agent {name!r}; choose one of {', '.join(AGENTS)}")
 
 
 def config_class(name: str) -> type:

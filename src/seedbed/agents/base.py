@@ -25,6 +25,7 @@ many actors, or replicated.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Protocol
 
 import torch
@@ -92,14 +93,21 @@ def acting_copy(network: torch.nn.Module) -> torch.nn.Module:
     return net
 
 
+# The key ``optimizer_step`` (and so ``learn``) reports skipped optimizer steps under: a count,
+# summed over an update's steps, never averaged. Not a CSV column: the runtime counts it.
+SKIPPED = "skipped_steps"
+
+
 def optimizer_step(
     network: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     terms: dict[str, torch.Tensor],
     max_grad_norm: float | None,
 ) -> dict[str, float]:
-    """Minimise the sum of the loss ``terms`` by one step; return them, the total and the
-    gradient norm (before clipping to ``max_grad_norm``, where one is set) as floats."""
+    """Minimise the sum of the loss ``terms`` by one step; return them, the total, the
+    gradient norm (before clipping to ``max_grad_norm``, where one is set) as floats, and
+    ``SKIPPED``: 1.0 where the loss or the gradient norm was not finite, and the step was not
+    taken (the parameters and the optimizer's state are left as they were), else 0.0."""
     loss = sum(terms.values())
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -108,10 +116,30 @@ def optimizer_step(
         sync()  # average over replicas before clipping, so the clip sees the whole batch's
     limit = float("inf") if max_grad_norm is None else max_grad_norm
     grad_norm = clip_grad_norm(list(network.parameters()), limit)
-    optimizer.step()
     names = (*terms, "loss", "grad_norm")
-    values = torch.stack([*terms.values(), loss, grad_norm]).detach().tolist()  # one read
-    return dict(zip(names, values, strict=True))
+    # Read before the step (one read), which must not be taken on non-finite values: one NaN
+    # step turns every weight, and every later checkpoint, into NaN.
+    values = torch.stack([*terms.values(), loss, grad_norm]).detach().tolist()
+    metrics = dict(zip(names, values, strict=True))
+    # Replicas decide on the gradient norm alone, which they share (averaged above): each one's
+    # loss is its own, and one replica stepping without the others would part them for good.
+    finite = math.isfinite(metrics["grad_norm"]) and (
+        sync is not None or math.isfinite(metrics["loss"])
+    )
+    if finite:
+        optimizer.step()
+    else:
+        optimizer.zero_grad(set_to_none=True)
+    metrics[SKIPPED] = 0.0 if finite else 1.0
+    return metrics
+
+
+def clip_rewards(rewards: torch.Tensor, clip: float | None) -> torch.Tensor:
+    """``rewards`` clipped to ``[-clip, clip]`` (None: as they are); a NaN becomes 0 and an
+    infinity the bound of its sign, where a clamp alone would keep the NaN."""
+    if clip is None:
+        return rewards
+    return torch.nan_to_num(rewards, nan=0.0).clamp(-clip, clip)
 
 
 def entropy_cost(config: Any, optimizer: torch.optim.Optimizer) -> float:
@@ -169,13 +197,15 @@ class ReplayLearner:
         raise NotImplementedError
 
     def learn(self, batch: Unrolls) -> dict[str, float]:
-        """One optimizer step on replay items; sets ``batch.replay.priorities``."""
+        """One optimizer step on replay items; sets ``batch.replay.priorities`` (not where the
+        step was skipped as not finite)."""
         terms, priorities = self.loss(batch)
         metrics = optimizer_step(self.network, self.optimizer, terms, self.config.max_grad_norm)
         self.steps += 1
         if self.steps % self.config.target_update_every == 0:
             copy_parameters(self.network, self.target_network)
-        if batch.replay is not None:
+        # A skipped step's priorities are not to be trusted: its items keep theirs.
+        if batch.replay is not None and not metrics[SKIPPED]:
             batch.replay.priorities = priorities
         metrics["priority"] = float(priorities.mean())
         return metrics

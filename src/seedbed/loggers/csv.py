@@ -50,11 +50,14 @@ class CsvSink:
 
 
 def _truncate_metrics(path: Path, resume_frames: int) -> list[str]:
-    """Drops metrics.csv rows after ``resume_frames``; returns the header ([] if no file)."""
+    """Drops metrics.csv rows after ``resume_frames``, and rows that do not parse; returns the
+    header ([] if no file)."""
     if not path.exists():
         return []
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
+    # A disk or a crash may leave NUL bytes or broken UTF-8 behind: the rows they touch fail
+    # to parse and go, rather than the resume.
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        reader = csv.reader(line.replace("\0", "") for line in f)
         header = next(reader, [])
         if "frames" not in header:
             logger.warning("%s has no frames column; starting it afresh", path)

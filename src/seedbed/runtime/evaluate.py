@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from seedbed.agents import make_agent
-from seedbed.envs import make_env, make_spec
+from seedbed.envs import family_for, make_env, make_spec
 from seedbed.errors import SeedbedError
 from seedbed.inference.acting import ActingTable
+from seedbed.plugins import import_plugins
 from seedbed.resolve import resolve
 from seedbed.runtime.checkpoint import latest_checkpoint, load_checkpoint
 from seedbed.types import EnvSpec
@@ -40,10 +41,20 @@ def evaluate(
     video: str | None = None,
     seed: int = 12345,
     device: str = "cpu",
+    plugins: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Run ``episodes`` episodes with the policy saved at ``path``; mean, std, min, max return."""
-    state = load_checkpoint(find_checkpoint(path))
-    config = resolve([state["config"]])
+    """Run ``episodes`` episodes with the policy saved at ``path``; mean, std, min, max return.
+
+    Only the modules named in ``plugins`` are imported: a checkpoint that names others (as
+    plug-ins, or as the ``module:`` of its env id) is refused in one line.
+    """
+    checkpoint = find_checkpoint(path)
+    state = load_checkpoint(checkpoint)
+    saved = state.get("config")
+    if not isinstance(saved, dict):
+        raise SeedbedError(f"checkpoint {checkpoint} holds no settings to evaluate it with")
+    check_imports(checkpoint, saved, plugins)
+    config = resolve([saved])
     settings = config.env_settings
     spec = make_spec(config.train.env, settings)
     agent = make_agent(config.train.agent, spec, config.agent, torch.device(device))
@@ -69,6 +80,31 @@ def evaluate(
         "min_return": float(r.min()),
         "max_return": float(r.max()),
     }
+
+
+def check_imports(checkpoint: Path, saved: dict[str, Any], plugins: tuple[str, ...]) -> None:
+    """Import ``plugins``, and check that the modules the saved settings of ``checkpoint``
+    would import (its plug-ins, its env id's ``module:``) are among them: code runs from a
+    file only where its user named it.
+
+    Raises:
+        SeedbedError: One line listing the modules not named, and how to name them.
+    """
+    named = saved.get("plugins") or []
+    wanted = list(named) if isinstance(named, list | tuple) else [str(named)]
+    import_plugins(plugins)
+    unnamed = [m for m in wanted if m not in plugins]
+    if not unnamed:  # the family of the env id is known only once its plug-in is in
+        env_id = str(saved.get("env", ""))
+        module = env_id.rpartition(":")[0]
+        if module and family_for(env_id).name == "gym" and module not in plugins:
+            unnamed.append(module)
+    if unnamed:
+        modules = ",".join(dict.fromkeys([*plugins, *wanted, *unnamed]))
+        raise SeedbedError(
+            f"checkpoint {checkpoint} imports {', '.join(unnamed)}, which eval imports only "
+            f"when you name it: if you trust that code, pass --plugins {modules}"
+        )
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ are merged over all replicas (``replica_stats``), so all reach the same stop dec
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from seedbed.agents.base import SKIPPED
+from seedbed.errors import SeedbedError
 from seedbed.inference.server import InferenceStats
 from seedbed.replicate import ReplicaContext
 from seedbed.runtime.lr_schedule import LearningRates
@@ -27,6 +30,10 @@ from seedbed.runtime.services import Services
 from seedbed.runtime.stopping import StopRules
 from seedbed.runtime.updates import InlineUpdates, LearnerProcess, Update
 from seedbed.telemetry import Stopwatch
+
+# Updates in a row whose loss or gradient was not finite (each skipped, the weights kept) after
+# which the run stops: one such batch is noise to step over, this many is a diverged run.
+MAX_SKIPPED_IN_A_ROW = 20
 
 
 class LearnerLoop:
@@ -51,6 +58,7 @@ class LearnerLoop:
         self._row_frames = progress.frames
         self._row_batches = np.zeros(2, np.int64)  # inference batches and envs since that row
         self.updates: InlineUpdates | LearnerProcess | None = None  # made by ``start``
+        self._skipped_in_a_row = 0  # updates with a skipped (non-finite) optimizer step
 
     def start(self) -> None:
         """Make where the updates run, once the services are made (before they go, so that a
@@ -107,6 +115,8 @@ class LearnerLoop:
                 watch.lap("waiting_for_learner")
             if supervisor.error is not None:
                 raise supervisor.error
+            if self.services.error is not None:  # a thread beside the loop died
+                raise self.services.error
             if replicated and batch is None:
                 continue  # replicas meet only after a step, so all make the same collectives
             now = time.perf_counter()
@@ -136,9 +146,24 @@ class LearnerLoop:
             self.updates.close()
 
     def learned(self, update: Update) -> None:
-        """Count one finished update and keep its metrics for the next row."""
+        """Count one finished update and keep its metrics for the next row.
+
+        Raises:
+            SeedbedError: One line, the ``MAX_SKIPPED_IN_A_ROW``-th update in a row that skipped
+                a step as not finite (once: the updates still in flight at the stop do not).
+        """
         self.progress.learner_steps += 1
+        skipped = int(update.metrics.get(SKIPPED, 0))
+        self.progress.skipped_steps += skipped
+        self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
         self.metrics.add(update.metrics, update.policy_lag)
+        if self._skipped_in_a_row == MAX_SKIPPED_IN_A_ROW:
+            raise SeedbedError(
+                f"the learner's loss or gradient was not finite (NaN or inf) in "
+                f"{MAX_SKIPPED_IN_A_ROW} updates in a row, each skipped: the run diverged and "
+                "stopped with its weights as they were before; lower --lr, set --max-grad-norm "
+                "or --reward-clip, or check the env's observations and rewards, then --resume"
+            )
 
     def agent_state(self) -> dict[str, Any]:
         """The learning agent's state, after every update so far: what a checkpoint keeps."""
@@ -175,6 +200,7 @@ class LearnerLoop:
                 "learner_steps": progress.learner_steps,
                 "inference_batch": batch_envs / batches if batches else None,
                 "actor_restarts": progress.actor_restarts,
+                "skipped_steps": progress.skipped_steps,
                 **(publisher.take() if publisher.measured else {}),
             }
             self._row_frames, self._row_batches = progress.frames, np.zeros(2, np.int64)
@@ -200,20 +226,20 @@ class MetricsWindow:
         # Fixed up front: they are the CSV's columns.
         self._keys = (*keys, "policy_lag", "lr_fraction")
         self._sums: dict[str, float] = {}
-        self._count = 0
+        self._counts: dict[str, int] = {}
         self._last_wall = wall_s
 
     def add(self, metrics: dict[str, float], policy_lag: float) -> None:
+        """Add one update's metrics; a value that is not finite (a skipped step's) is left out
+        of its mean."""
         for key, value in {**metrics, "policy_lag": float(policy_lag)}.items():
-            self._sums[key] = self._sums.get(key, 0.0) + value
-        self._count += 1
+            if math.isfinite(value):
+                self._sums[key] = self._sums.get(key, 0.0) + value
+                self._counts[key] = self._counts.get(key, 0) + 1
 
     def take(self) -> dict[str, float | None]:
-        row = {
-            k: (self._sums[k] / self._count if self._count and k in self._sums else None)
-            for k in self._keys
-        }
-        self._sums, self._count = {}, 0
+        row = {k: self._sums[k] / self._counts[k] if k in self._sums else None for k in self._keys}
+        self._sums, self._counts = {}, {}
         return row
 
     def fps(self, frames: int, wall_s: float) -> float | None:

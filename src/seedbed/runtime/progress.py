@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from seedbed.config import RunConfig
+from seedbed.config import RunConfig, flag
 from seedbed.errors import SeedbedError
 from seedbed.telemetry import EpisodeWindow
 
@@ -33,6 +33,8 @@ class Progress:
     # The frames, wall time and mean return when the target return was first reached.
     target_reached: dict[str, float] | None = None
     actor_restarts: int = 0  # this session's, over all replicas; not checkpointed
+    # Optimizer steps skipped as not finite (NaN or inf), this session's; not checkpointed.
+    skipped_steps: int = 0
 
 
 def checkpoint_payload(
@@ -53,7 +55,8 @@ def checkpoint_payload(
 
 
 def restore(path: Path, state: dict[str, Any], agent: Any, progress: Progress) -> None:
-    """Load checkpoint ``state`` (read from ``path``) into ``agent`` and ``progress``.
+    """Load checkpoint ``state`` (read from ``path``) into ``agent`` and ``progress``; its
+    settings were checked against the run's (``check_settings``) when it was found.
 
     Raises:
         SeedbedError: One line when the checkpoint does not fit this run's settings.
@@ -71,3 +74,39 @@ def restore(path: Path, state: dict[str, Any], agent: Any, progress: Progress) -
             f"checkpoint {path} does not fit this run's settings ({str(e).splitlines()[0]})"
         ) from None
     log.info("resumed from %s at %d frames", path, progress.frames)
+
+
+def check_settings(path: Path, saved: Any, config: RunConfig) -> None:
+    """Check that the checkpoint at ``path``, made with the settings ``saved``, was made with
+    ``config``'s env, agent, env settings and agent settings: two envs of the same shapes, or
+    the same network with another setting, would otherwise resume without a word.
+
+    Raises:
+        SeedbedError: One line naming the first setting that differs.
+    """
+    if not isinstance(saved, dict):
+        raise SeedbedError(
+            f"checkpoint {path} holds no settings to compare with this run's; pass "
+            "--resume-mismatch accept to resume from it on purpose"
+        )
+    mine = config.to_dict()
+    pairs = [(name, saved.get(name), mine[name]) for name in ("env", "agent")]
+    for section in dict.fromkeys((config.train.agent, config.family)):
+        theirs, ours = saved.get(section) or {}, mine.get(section) or {}
+        # A setting one side lacks came or went with a new seedbed: not the user's change.
+        pairs += [(key, theirs[key], ours[key]) for key in sorted(theirs) if key in ours]
+    for name, theirs, ours in pairs:
+        if theirs != ours:
+            raise SeedbedError(
+                f"checkpoint {path} was made with --{flag(name)} {_shown(theirs)}, this run has "
+                f"{_shown(ours)}: resume with the checkpoint's settings, or pass "
+                "--resume-mismatch accept to go on with this run's on purpose"
+            )
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "(empty)"
+    return str(value)

@@ -15,7 +15,8 @@ from seedbed.config import RunConfig, TrainConfig
 from seedbed.errors import SeedbedError
 from seedbed.loggers import DEFAULT_LOGGERS, RunLogger
 from seedbed.runtime.checkpoint import latest_checkpoint, load_latest, save_checkpoint
-from seedbed.telemetry import write_json_atomic
+from seedbed.runtime.progress import check_settings
+from seedbed.telemetry import replace_atomically, write_json_atomic
 
 _PROBE = ".seedbed-write-probe"
 
@@ -65,12 +66,15 @@ class RunFiles:
 
     def prepare(self, config: RunConfig, primary: bool) -> tuple[Path, dict[str, Any]] | None:
         """Check the run directory and save the config (``primary``: the replica that writes);
-        with --resume, the checkpoint to resume from (the newest that loads) and its contents."""
+        with --resume, the checkpoint to resume from (the newest that loads) and its contents,
+        once its settings are found to be ``config``'s (``--resume-mismatch accept``: or not)."""
         cfg = config.train
         # Replica 0 alone sets damaged checkpoints aside; the others skip the same ones.
         found = load_latest(self.run_dir, set_aside=primary) if cfg.resume else None
         if cfg.resume and found is None:
             raise SeedbedError(f"--resume: {self.run_dir} has no checkpoint to resume from")
+        if found is not None and cfg.resume_mismatch != "accept":  # before config.yaml changes
+            check_settings(found[0], found[1].get("config"), config)
         if not cfg.resume and latest_checkpoint(self.run_dir) is not None:
             raise SeedbedError(
                 f"{self.run_dir} already holds a run; pass --resume to continue it or choose "
@@ -78,9 +82,12 @@ class RunFiles:
             )
         if primary:
             check_run_dir(self.run_dir)
-            saved = dict(config.to_dict(), run_dir=str(self.run_dir), resume=False)
-            try:
-                (self.run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+            saved = dict(
+                config.to_dict(), run_dir=str(self.run_dir), resume=False, resume_mismatch="refuse"
+            )
+            text = yaml.safe_dump(saved, sort_keys=False)
+            try:  # atomically: a crash mid-write must not leave a resume half its settings
+                replace_atomically(self.run_dir / "config.yaml", lambda tmp: tmp.write_text(text))
             except OSError as e:
                 raise SeedbedError(
                     f"--run-dir {self.run_dir}: cannot save config.yaml ({e})"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from rich.console import Console
 
 from seedbed.actor import run_actor
 from seedbed.config import RunConfig, TrainConfig, to_dict
+from seedbed.errors import SeedbedError
 from seedbed.inference.local import LocalActing, acted_fields
 from seedbed.inference.publish import PolicyPublisher
 from seedbed.inference.server import InferenceServer
@@ -35,6 +37,8 @@ from seedbed.transport.board import PolicyBoard
 from seedbed.transport.remote import ActorGateway, Assignment, read_secret, run_token
 from seedbed.types import Buffer, EnvSpec
 
+log = logging.getLogger(__name__)
+
 
 def read_secrets(cfg: TrainConfig) -> tuple[bytes | None, tuple[bytes, bytes] | None]:
     """The remote actors' token and the TLS certificate and key, read before anything starts."""
@@ -44,6 +48,18 @@ def read_secrets(cfg: TrainConfig) -> tuple[bytes | None, tuple[bytes, bytes] | 
     return token, (
         read_secret(cfg.tls_cert, "--tls-cert"),
         read_secret(cfg.tls_key, "--tls-key"),
+    )
+
+
+def thread_died(name: str, error: BaseException) -> SeedbedError:
+    """The run's one-line error for thread ``name`` ended by ``error`` (its traceback is logged,
+    shown with -v)."""
+    log.debug("the %s thread failed", name, exc_info=error)
+    what = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return SeedbedError(
+        f"the {name} thread failed ({type(error).__name__}{': ' + what if what else ''}); the "
+        "run stopped with a final checkpoint: `seedbed -v train ...` shows the traceback; fix "
+        "the cause, then --resume"
     )
 
 
@@ -84,6 +100,9 @@ class Services:
     )
     threads_used: dict[str, int] = dataclasses.field(default_factory=dict, init=False)
     _serving: list[threading.Thread] = dataclasses.field(default_factory=list, init=False)
+    # The first error of an inference thread, which the learner loop raises: a dead thread
+    # must stop the run rather than leave it idle.
+    error: SeedbedError | None = dataclasses.field(default=None, init=False)
 
     def start(self, ctx: Any, processes: contextlib.ExitStack, learner_steps: int) -> None:
         """Make the buffer, transport, servers and actors (``go`` starts them), the policy
@@ -212,6 +231,9 @@ class Services:
         torch.set_num_threads(self.threads["inference"])
         try:
             server.serve(stop)
+        except BaseException as e:  # its traceback, shown as the run's one line, not raised
+            if self.error is None:
+                self.error = thread_died(threading.current_thread().name, e)
         finally:
             self.threads_used["inference"] = torch.get_num_threads()
 

@@ -39,10 +39,11 @@ class FinishedRun(Protocol):
 
 
 def run_summary(
-    run: FinishedRun, reason: str, wall_s: float, in_sync: bool | None, checkpoint: Path
+    run: FinishedRun, reason: str, wall_s: float, in_sync: bool | None, checkpoint: Path | None
 ) -> dict[str, Any]:
     """The summary of ``run``, stopped for ``reason`` after ``wall_s`` seconds over all its
-    sessions; ``in_sync`` says whether its replicas ended alike, ``checkpoint`` is its last."""
+    sessions; ``in_sync`` says whether its replicas ended alike, ``checkpoint`` is its last
+    (None where it has none)."""
     cfg, progress, services = run.config.train, run.progress, run.services
     target_reached = progress.target_reached or {}
     dtype = run.agent.torso_dtype
@@ -60,6 +61,7 @@ def run_summary(
         "episodes": progress.window.count,
         "learner_steps": progress.learner_steps,
         "actor_restarts": progress.actor_restarts,
+        "skipped_steps": progress.skipped_steps,  # optimizer steps not taken: NaN or inf
         "learner_replicas": run.replica.num_replicas,
         "replicas_in_sync": in_sync,
         "remote_actors": remote_summary(services.gateway),
@@ -83,7 +85,7 @@ def run_summary(
         "torch_threads": services.threads_used,  # as each thread had it when the run ended
         "time_shares": time_shares(services, run.learner),
         "energy": run.energy,  # this session's; None with --energy off
-        "checkpoint": str(checkpoint),
+        "checkpoint": None if checkpoint is None else str(checkpoint),
         "run_dir": str(run.run_dir),
     }
 

@@ -41,6 +41,7 @@ from seedbed.errors import SeedbedError
 from seedbed.inference.server import InferenceServer
 from seedbed.plugins import import_plugins
 from seedbed.replicate import ReplicaContext, Replicator, spawn
+from seedbed.runtime.checkpoint import NonFiniteState, latest_checkpoint
 from seedbed.runtime.learner_loop import LearnerLoop
 from seedbed.runtime.progress import Progress, checkpoint_payload, restore
 from seedbed.runtime.replica_stats import replicas_in_sync
@@ -218,10 +219,17 @@ class TrainingRun:
         if not self.primary:
             return None
         self.files.close_logger()
-        checkpoint = self._save(elapsed)
+        refused = None
+        try:
+            checkpoint = self._save(elapsed)
+        except NonFiniteState as e:  # the newest finite checkpoint stays the run's last
+            refused, checkpoint = e, latest_checkpoint(self.run_dir)
+            reason = "error"
         wall_s = self.progress.wall_offset + elapsed
         summary = run_summary(self, reason, wall_s, in_sync, checkpoint)
         self.files.write_summary(summary)
+        if refused is not None:
+            raise refused
         try:
             summary["curve"] = str(plot_curve(self.run_dir, self.config.train.target_return))
         except Exception as e:  # a plot must never lose a finished run

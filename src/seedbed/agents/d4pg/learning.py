@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from seedbed.agents.base import ReplayLearner, acting_copy
+from seedbed.agents.base import ReplayLearner, acting_copy, clip_rewards
 from seedbed.agents.categorical import atoms, expected_value, n_step_distribution
 from seedbed.agents.d4pg.config import D4PGConfig
 from seedbed.agents.dqn.learning import make_replay
@@ -115,8 +115,7 @@ def d4pg_loss(
     """
     s, support = batch.steps, net.support
     rewards = s["reward"][1:].float()
-    if config.reward_clip is not None:
-        rewards = rewards.clamp(-config.reward_clip, config.reward_clip)
+    rewards = clip_rewards(rewards, config.reward_clip)
     discounts = (~s["done"][1:]).float() * config.discount
     keep = (~time_limit_cut(s["done"][1:], s["truncated"][1:])).float()
     with torch.no_grad():

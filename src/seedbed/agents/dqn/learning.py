@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from seedbed.agents.base import ReplayLearner, acting_copy
+from seedbed.agents.base import ReplayLearner, acting_copy, clip_rewards
 from seedbed.agents.dqn.config import DQNConfig, ReplayLayout
 from seedbed.agents.q_targets import (
     exploration_epsilons,
@@ -67,8 +67,7 @@ def q_learning_loss(
         greedy = q[1:].argmax(-1, keepdim=True)
         bootstrap = q_target[burn + 1 :].gather(-1, greedy).squeeze(-1)
         rewards = s["reward"][burn + 1 :].float()
-        if config.reward_clip is not None:
-            rewards = rewards.clamp(-config.reward_clip, config.reward_clip)
+        rewards = clip_rewards(rewards, config.reward_clip)
         discounts = (~s["done"][burn + 1 :]).float() * config.discount
         if config.value_rescaling:
             bootstrap = inverse_value_rescale(bootstrap, config.rescaling_eps)

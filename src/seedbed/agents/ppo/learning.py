@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from seedbed.agents.base import entropy_cost, optimizer_step
+from seedbed.agents.base import SKIPPED, entropy_cost, optimizer_step
 from seedbed.agents.policies import Policy, make_policy
 from seedbed.agents.ppo.config import PPOConfig
 from seedbed.agents.vtrace.learning import (
@@ -236,7 +236,8 @@ class PPOAgent(VTraceAgent):
             epochs += 1
             if cfg.target_kl is not None and kl / len(chunks) > cfg.target_kl:
                 break
-        return {**{k: v / steps for k, v in sums.items()}, "epochs_run": float(epochs)}
+        means = {k: v / steps for k, v in sums.items()}
+        return {**means, SKIPPED: sums[SKIPPED], "epochs_run": float(epochs)}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "shuffles": self.shuffles.get_state()}

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from seedbed.agents.base import acting_copy, entropy_cost, optimizer_step
+from seedbed.agents.base import SKIPPED, acting_copy, clip_rewards, entropy_cost, optimizer_step
 from seedbed.agents.policies import CategoricalPolicy, Policy
 from seedbed.agents.vtrace.config import VTraceConfig
 from seedbed.agents.vtrace_targets import VTraceReturns, vtrace_from_importance_weights
@@ -75,8 +75,7 @@ def transition_targets(
     (partial-episode bootstrapping, Pardo et al. 2018).
     """
     rewards = steps["reward"][1:]
-    if config.reward_clip is not None:
-        rewards = rewards.clamp(-config.reward_clip, config.reward_clip)
+    rewards = clip_rewards(rewards, config.reward_clip)
     discounts = (~steps["done"][1:]).to(values.dtype) * config.discount
     if config.bootstrap_time_limits:
         cut = steps["truncated"][1:].to(values.dtype)
@@ -221,7 +220,8 @@ class VTraceAgent:
         cost = entropy_cost(self.config, self.optimizer)
         terms, value_targets = vtrace_loss(self.network, batch, self.config, cost)
         metrics = optimizer_step(self.network, self.optimizer, terms, self.config.max_grad_norm)
-        rescale_values(self.network, value_targets)
+        if not metrics[SKIPPED]:  # a skipped step leaves the weights PopArt would rescale
+            rescale_values(self.network, value_targets)
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
