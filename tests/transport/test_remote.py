@@ -10,6 +10,7 @@ import logging
 import multiprocessing
 import re
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -165,6 +166,24 @@ def test_a_client_without_the_right_token_is_refused(learner, sent):
 def test_every_listener_needs_a_token(token):
     with pytest.raises(ValueError, match="needs a token"):
         ActorGateway("127.0.0.1:0", [0], lambda s: None, lambda s, n: None, token=token)
+
+
+def test_an_error_that_ends_the_gateways_loop_is_reported_and_it_still_stops():
+    failures: list[BaseException] = []
+    nothing = (lambda s: None, lambda s, n: None)  # no actor connects in this test
+    gateway = ActorGateway("127.0.0.1:0", [0], *nothing, token=b"t", on_failure=failures.append)
+    gateway.start()
+
+    def fail() -> None:
+        raise SystemExit("the loop's end")  # what no handler catches: it ends run_forever
+
+    gateway._loop.call_soon_threadsafe(fail)  # the fault, injected into the real loop
+    gateway._thread.join(timeout=10)
+    assert not gateway._thread.is_alive()
+    assert isinstance(gateway.error, SystemExit) and failures == [gateway.error]
+    started = time.monotonic()
+    gateway.stop()  # at the run's end: no wait on a loop that runs nothing more
+    assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize("unix", [False, True], ids=["loopback", "unix-socket"])

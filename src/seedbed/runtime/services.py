@@ -100,8 +100,8 @@ class Services:
     )
     threads_used: dict[str, int] = dataclasses.field(default_factory=dict, init=False)
     _serving: list[threading.Thread] = dataclasses.field(default_factory=list, init=False)
-    # The first error of an inference thread, which the learner loop raises: a dead thread
-    # must stop the run rather than leave it idle.
+    # The first error of an inference or gateway thread, which the learner loop raises: a dead
+    # thread must stop the run rather than leave it idle.
     error: SeedbedError | None = dataclasses.field(default=None, init=False)
 
     def start(self, ctx: Any, processes: contextlib.ExitStack, learner_steps: int) -> None:
@@ -232,10 +232,14 @@ class Services:
         try:
             server.serve(stop)
         except BaseException as e:  # its traceback, shown as the run's one line, not raised
-            if self.error is None:
-                self.error = thread_died(threading.current_thread().name, e)
+            self._died(threading.current_thread().name, e)
         finally:
             self.threads_used["inference"] = torch.get_num_threads()
+
+    def _died(self, name: str, error: BaseException) -> None:
+        """Thread ``name`` ended by ``error``: the first such is the run's error."""
+        if self.error is None:
+            self.error = thread_died(name, error)
 
     def _policy_board(self, make_board: Callable[[int], PolicyBoard]) -> PolicyBoard:
         """Where local actors find the newest policy; fp32 is the largest payload there is (the
@@ -285,6 +289,7 @@ class Services:
             token=token,
             tls=tls,
             board=None if self.publisher.board is None else self.publisher.board.handle,
+            on_failure=functools.partial(self._died, "actor-gateway"),
         )
         # Port 0 picks a free port: say which, for people and for scripts that start actors.
         (self.run_dir / "listen_address").write_text(gateway.address + "\n")

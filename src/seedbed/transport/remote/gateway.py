@@ -142,12 +142,14 @@ class ActorGateway:
         hello_timeout_s: float = HELLO_TIMEOUT_S,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         max_connections: int | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         """``token``: what actors must send (never empty). ``board``: with local inference, the
         ``BoardHandle`` of the policy actors act with. ``hello_timeout_s``: how long a new
         stream may take to say hello before it is closed; ``idle_timeout_s``: how long a
         connection may hold no stream; ``max_connections``: connections at once (default
-        ``connection_cap``)."""
+        ``connection_cap``). ``on_failure(error)`` is called, from the gateway's thread, if an
+        error ends its event loop: no actor is served after that, so the run must stop."""
         if not token or not token.strip():
             raise ValueError("ActorGateway needs a token: give one, e.g. wire.run_token(run_dir)'s")
         self._board = board.open() if board is not None else None
@@ -176,10 +178,10 @@ class ActorGateway:
         self._unwarned: dict[grpc.StatusCode, int] = {}  # refusals since that warning
         probe = assign(slots[0], 0) if slots else None
         self._max_bytes = _HEADROOM + (self._step_bytes(probe) if probe else 0)
+        self.error: BaseException | None = None  # what ended the event loop, if anything did
+        self._on_failure = on_failure
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="actor-gateway", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="actor-gateway", daemon=True)
         self._thread.start()
         try:
             port = self._on_loop(self._create(address, tls, len(slots)))
@@ -190,6 +192,15 @@ class ActorGateway:
             self._close_loop()
             raise SeedbedError(f"--listen {address}: cannot listen there (in use, or no such host)")
         self.address = address if address.startswith("unix:") else _with_port(address, port)
+
+    def _run(self) -> None:
+        """The gateway's thread: its event loop, until ``stop`` or an error ends it."""
+        try:
+            self._loop.run_forever()
+        except BaseException as error:  # the thread's end, told to the run rather than lost
+            self.error = error
+            if self._on_failure is not None:
+                self._on_failure(error)
 
     def _on_loop(self, coroutine: Any, timeout_s: float | None = 30.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
@@ -253,7 +264,8 @@ class ActorGateway:
         if self._loop.is_closed():
             return
         self._stopping.set()
-        self._on_loop(self._server.stop(grace_s), timeout_s=grace_s + 10.0)
+        if self._thread.is_alive():  # a loop an error ended runs nothing more
+            self._on_loop(self._server.stop(grace_s), timeout_s=grace_s + 10.0)
         self._close_loop()
         for code, count in self._unwarned.items():
             log.warning(
