@@ -152,8 +152,8 @@ class TrainConfig:
     remote_actors: int = setting(8, "with --listen: most remote actors at once (slots)")
     token_file: str | None = setting(
         None,
-        "file holding the secret remote actors must present (default: a random one, written "
-        "to RUN_DIR/actor-token)",
+        "file holding the secret remote actors must present; none: a random one, written to "
+        "RUN_DIR/actor-token",
     )
     tls_cert: str | None = setting(None, "with --listen: PEM certificate to serve TLS with")
     tls_key: str | None = setting(None, "with --listen: PEM private key of --tls-cert")

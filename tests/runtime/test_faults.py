@@ -356,7 +356,7 @@ _BOOM = {
     "__init__.py": "import seedbed.agents\n\nseedbed.agents.register('boom', 'boomplug')\n",
     "config.py": (
         "import dataclasses\n"
-        "from seedbed.agents.ppo.config import ACTIONS, FAMILY_DEFAULTS, RUN_DEFAULTS, PPOConfig\n"
+        "from seedbed.agents.ppo.config import ACTIONS, PPOConfig\n"
         "@dataclasses.dataclass\nclass BoomConfig(PPOConfig):\n    pass\n"
         "CONFIG_CLASS = BoomConfig\n"
     ),

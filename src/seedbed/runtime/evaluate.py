@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,9 @@ def evaluate(
 
 def check_imports(checkpoint: Path, saved: dict[str, Any], plugins: tuple[str, ...]) -> None:
     """Import ``plugins``, and check that the modules the saved settings of ``checkpoint``
-    would import (its plug-ins, its env id's ``module:``) are among them: code runs from a
-    file only where its user named it.
+    would import (its plug-ins, its env id's ``module:``) are among them, or imported in this
+    process already (a script that trained the run): code runs from a file only where its user
+    named it.
 
     Raises:
         SeedbedError: One line listing the modules not named, and how to name them.
@@ -93,11 +95,12 @@ def check_imports(checkpoint: Path, saved: dict[str, Any], plugins: tuple[str, .
     named = saved.get("plugins") or []
     wanted = list(named) if isinstance(named, list | tuple) else [str(named)]
     import_plugins(plugins)
-    unnamed = [m for m in wanted if m not in plugins]
+    trusted = {*plugins, *sys.modules}  # importing a module again runs nothing
+    unnamed = [m for m in wanted if m not in trusted]
     if not unnamed:  # the family of the env id is known only once its plug-in is in
         env_id = str(saved.get("env", ""))
         module = env_id.rpartition(":")[0]
-        if module and family_for(env_id).name == "gym" and module not in plugins:
+        if module and family_for(env_id).name == "gym" and module not in trusted:
             unnamed.append(module)
     if unnamed:
         modules = ",".join(dict.fromkeys([*plugins, *wanted, *unnamed]))
