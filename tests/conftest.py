@@ -26,6 +26,23 @@ def pytest_terminal_summary(terminalreporter) -> None:
         )
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Stop at once where ``--dist loadgroup`` did not tag the grouped tests: the Ray tests on
+    both workers at once kill each other's actors (a pytest that pytest-xdist cannot tag, as
+    9.2 with xdist 3.8, does that silently)."""
+    if not config.getvalue("loadgroup"):
+        return
+    untagged = [
+        i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid
+    ]
+    if untagged:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {untagged[0]} (and {len(untagged) - 1} more): this "
+            "pytest and pytest-xdist do not work together; install those constraints.txt pins"
+        )
+
+
 def shm_blocks() -> set[str]:
     """The shared-memory blocks on this machine now."""
     return {name for name in os.listdir("/dev/shm") if name.startswith("psm_")}

@@ -109,13 +109,18 @@ def registering_module(env_id: str) -> str | None:
 
 def _registers(module: str, env_id: str) -> bool:
     """Whether a fresh interpreter that imports this process's plug-ins and ``module`` has
-    ``env_id`` in Gymnasium's registry."""
+    ``env_id`` in Gymnasium's registry (a plug-in that does not import there, one an earlier
+    run in this process named, is passed over: the run's own would fail it elsewhere)."""
     from seedbed.plugins import imported_plugins
 
-    modules = [*imported_plugins(), module]
     code = (
         "import importlib, sys, gymnasium\n"
-        f"for name in {modules!r}: importlib.import_module(name)\n"
+        f"for name in {list(imported_plugins())!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception:\n"
+        "        pass\n"
+        f"importlib.import_module({module!r})\n"
         f"sys.exit(0 if {env_id!r} in gymnasium.registry else 1)"
     )
     path = os.pathsep.join(p or os.getcwd() for p in sys.path)  # as spawned actors get it
