@@ -91,7 +91,8 @@ def training_fps(settings: dict) -> tuple[float, dict]:
 def train_flags(extra: list[str]) -> dict:
     """``seedbed train`` flags as a settings layer, parsed by seedbed's own parser."""
     args = build_parser().parse_args(["train", *extra])
-    return {k: v for k, v in vars(args).items() if k not in ("command", "config", "verbose")}
+    own = ("command", "config", "verbose", "print_config")  # the command's, not settings
+    return {k: v for k, v in vars(args).items() if k not in own}
 
 
 def main() -> None:
