@@ -189,7 +189,7 @@ def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, signum, replicas):
             "-m",
             "seedbed",
             "train",
-            *flags(tiny_settings(run, total_frames=50_000_000, learner_replicas=replicas)),
+            *flags(tiny_settings(run, total_frames=50_000_000, learner_replicas=replicas, batch=8)),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -228,7 +228,7 @@ def test_a_killed_learner_replica_stops_the_run_with_a_clear_error(tmp_path):
 
     run = tmp_path / "r"
     shm_before = shm_blocks()
-    settings = tiny_settings(run, total_frames=50_000_000, learner_replicas=2)
+    settings = tiny_settings(run, total_frames=50_000_000, learner_replicas=2, batch=8)
     proc = subprocess.Popen(
         [sys.executable, "-m", "seedbed", "train", *flags(settings)],
         stdout=subprocess.PIPE,

@@ -14,7 +14,7 @@ def test_defaults_are_the_embedded_cartpole_run():
     config = resolve([{}])
     assert config.train.env == "CartPole-v1" and config.train.agent == "ppo"
     assert config.train.target_return == 475.0
-    assert config.agent.normalize_obs and (config.agent.epochs, config.agent.lr) == (2, 2e-3)
+    assert not config.agent.normalize_obs and (config.agent.epochs, config.agent.lr) == (4, 2e-3)
     assert resolve([{"env": "atari:Pong"}]).train.agent == "ppo"
     assert resolve([{"env": "dmc:cartpole-balance"}]).train.agent == "vtrace"  # the others'
     assert resolve([{"env": "HalfCheetah-v5"}]).train.agent == "ppo"

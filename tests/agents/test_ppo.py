@@ -299,7 +299,7 @@ def test_invalid_settings_are_one_line(settings, message):
     "settings",
     [
         {"inference": "local", "actor_precision": "int8", "hidden_sizes": "256,256"},
-        {"learner_replicas": 2},
+        {"learner_replicas": 2, "batch": 8},
         {"lstm": True},
         {"env": "Pendulum-v1", "inference": "local", "actor_precision": "int8", "lstm": True},
     ],

@@ -129,7 +129,7 @@ def _zombie(pid: int) -> bool:
         (2, 1, {}),
         (2, 2, {}),
         (3, 3, {}),
-        (2, 4, {"learner_replicas": 2}),
+        (2, 4, {"learner_replicas": 2, "batch": 8}),
         (2, 5, {"learner_process": True}),
         (3, 6, {"learner_process": True}),
     ],

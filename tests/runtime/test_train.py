@@ -193,7 +193,7 @@ def test_replay_agent_solves_cartpole_within_budget(tmp_path, no_leaks, agent, b
 @pytest.mark.distributed
 def test_replicated_learner_writes_one_run_and_resumes(tmp_path, no_leaks):
     run = tmp_path / "run"
-    first = train(resolve([tiny_settings(run, total_frames=3000, learner_replicas=2)]))
+    first = train(resolve([tiny_settings(run, total_frames=3000, learner_replicas=2, batch=8)]))
     assert first["learner_replicas"] == 2 and first["replicas_in_sync"] is True
     assert first["stop_reason"] == "total_frames" and first["frames"] >= 3000
     assert first["episodes"] > 0 and first["learner_steps"] > 0
@@ -201,7 +201,7 @@ def test_replicated_learner_writes_one_run_and_resumes(tmp_path, no_leaks):
     before = rows(run)
     assert before and all(int(r["learner_steps"]) > 0 for r in before)
     second = train(
-        resolve([tiny_settings(run, total_frames=6000, learner_replicas=2, resume=True)])
+        resolve([tiny_settings(run, total_frames=6000, learner_replicas=2, batch=8, resume=True)])
     )
     assert second["frames"] >= 6000 > first["frames"]
     assert second["learner_steps"] > first["learner_steps"] and second["replicas_in_sync"]
@@ -210,7 +210,7 @@ def test_replicated_learner_writes_one_run_and_resumes(tmp_path, no_leaks):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_replicated_vtrace_learner_solves_cartpole(tmp_path, no_leaks):
+def test_replicated_learner_solves_cartpole_at_the_defaults(tmp_path, no_leaks):
     # The default run's layout split over two learners: one actor of 32 envs and half of each
     # batch of 32 unrolls per replica.
     settings = {
