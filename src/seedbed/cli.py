@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from seedbed import __version__
-from seedbed.config import TrainConfig, add_arguments, check_address, coerce, load_yaml
+from seedbed.config import TrainConfig, add_arguments, coerce, load_yaml
 from seedbed.errors import SeedbedError
 from seedbed.plugins import import_plugins
 from seedbed.resolve import Layer, explain, resolve, resolve_with_sources
+from seedbed.transport.address import check_address
 
 
 def _add_settings(p: argparse.ArgumentParser, shown: dict[str, Any] | None) -> None:

@@ -22,6 +22,8 @@ from typing import Any, Literal
 import yaml
 
 from seedbed.errors import ConfigError
+from seedbed.transport import check_transport
+from seedbed.transport.address import check_address
 
 _NONE_WORDS = {"none", "null", "off"}
 
@@ -223,8 +225,6 @@ class TrainConfig:
         if self.learner_process:
             self._check_learner_process()
         self._check_inference()
-        from seedbed.transport import check_transport  # no torch, and no backend unless valid
-
         check_transport(self.transport, actor_processes=True)
         if self.resume and not self.run_dir:
             raise ConfigError("--resume needs --run-dir naming the run to continue")
@@ -303,18 +303,6 @@ class TrainConfig:
     def num_envs(self) -> int:
         """All environments across all actor slots."""
         return self.num_slots * self.envs_per_actor
-
-
-def check_address(address: str, flag: str) -> None:
-    """A one-line error unless ``address`` is ``HOST:PORT`` or ``unix:PATH``."""
-    if address.startswith("unix:"):
-        if len(address) > len("unix:"):
-            return
-    else:
-        host, _, port = address.rpartition(":")
-        if host and port.isdigit() and int(port) < 65536:
-            return
-    raise ConfigError(f"{flag} {address!r}: expected HOST:PORT (e.g. 127.0.0.1:5000) or unix:PATH")
 
 
 def flag(name: str) -> str:
