@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from seedbed.config import setting
+from seedbed.config import flag, setting
 from seedbed.errors import ConfigError
 
 
@@ -131,7 +131,7 @@ class DQNConfig:
             raise ConfigError(f"--discount must lie in [0, 1], got {self.discount}")
         for name in ("n_step", "target_update_every", "lstm_size"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+                raise ConfigError(f"--{flag(name)} must be positive, got {getattr(self, name)}")
         validate_replay(self)
         if not 0.0 <= self.priority_eta <= 1.0 or not 0.0 <= self.epsilon_base <= 1.0:
             raise ConfigError("--priority-eta and --epsilon-base must lie in [0, 1]")
@@ -144,10 +144,6 @@ class DQNConfig:
         """Raise ConfigError where the run's unrolls and batches cannot fit this agent's replay."""
         check_n_step_unroll(train.unroll, self.n_step)
         check_replay(self, self.layout(train.unroll), train.batch)
-
-
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
 
 
 CONFIG_CLASS = DQNConfig
