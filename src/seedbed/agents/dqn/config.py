@@ -112,7 +112,9 @@ class DQNConfig:
         "network torso: MLP, Nature DQN CNN, A3C's smaller CNN, or IMPALA's deep ResNet (images)",
     )
     torso_dtype: Literal["auto", "float32", "bfloat16"] = setting(
-        "float32", "torso compute dtype (see the V-trace agent's --torso-dtype)"
+        "float32",
+        "torso compute dtype; bfloat16 is mixed precision, fast on GPUs and on CPUs with "
+        "AVX-512 or AMX; auto picks it where the device has them",
     )
     hidden_sizes: tuple[int, ...] = setting((128, 128), "MLP torso layer widths")
     lstm: bool = setting(False, "add an LSTM core fed with the previous action and reward")
