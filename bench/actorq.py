@@ -50,10 +50,10 @@ from machine import machine
 from torch import nn
 from torch.ao.quantization import float16_dynamic_qconfig, quantize_dynamic
 
+from seedbed.actor.local import LocalActing, LocalPolicy
 from seedbed.agents import make_agent
 from seedbed.agents.vtrace.learning import VTraceAgent
 from seedbed.envs import make_vector_env
-from seedbed.inference.local import LocalActing, LocalPolicy
 from seedbed.quantize import PRECISIONS, decode_policy, encode_policy
 from seedbed.resolve import resolve
 from seedbed.transport.board import SharedMemoryBoard

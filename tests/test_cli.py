@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from seedbed.cli import _preparse, build_parser
+from seedbed.config import TRAIN_GROUPS, TrainConfig
 from tests.conftest import alive, interruptible, leaked_shm, shm_blocks, tiny_settings, workers
 
 
@@ -58,6 +62,35 @@ def test_help_lists_every_setting_with_its_default():
     ):
         assert flag in out
     assert "(default: CartPole-v1)" in out and "(default: 475.0)" in out
+
+
+def help_groups(*args: str) -> list[str]:
+    """The group titles ``seedbed train ARGS --help`` shows, in order."""
+    parser = build_parser(_preparse(["train", *args, "--help"]))
+    train = parser._subparsers._group_actions[0].choices["train"]
+    return re.findall(r"^(\S.*):$", train.format_help(), re.M)
+
+
+def test_help_for_an_atari_env_shows_what_concerns_its_run_first():
+    titles = help_groups("--env", "atari:Pong")
+    assert titles[:8] == [
+        "options",
+        "run",
+        "actors and inference",
+        "learner",
+        "ppo agent settings",  # Atari's preset agent
+        "atari settings (atari:... ids; YAML: atari: ...)",
+        "remote actors",
+        "logging",
+    ]
+    assert help_groups("--env", "atari:Pong", "--agent", "r2d2")[4] == "r2d2 agent settings"
+
+
+def test_every_run_setting_is_in_one_help_group():
+    grouped = [name for names in TRAIN_GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(f.name for f in dataclasses.fields(TrainConfig)), (
+        "put each TrainConfig setting in one group of seedbed.config.TRAIN_GROUPS"
+    )
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,14 @@ pytest.importorskip("dm_control", reason="the dmc extra is not installed")
 
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
-from seedbed.envs import check_env_id, make_env, make_spec, make_vector_env  # noqa: E402
+from seedbed.envs import (  # noqa: E402
+    check_env_id,
+    family_for,
+    make_env,
+    make_spec,
+    make_vector_env,
+)
 from seedbed.errors import ConfigError  # noqa: E402
-from seedbed.resolve import env_family  # noqa: E402
 
 
 # Observations are unbounded, as Gymnasium's own MuJoCo envs declare theirs; its checker warns.
@@ -72,7 +77,7 @@ def test_spec_and_vector_env_carry_float32_action_vectors():
     assert (spec.obs_shape, spec.obs_dtype) == ((5,), "float32")
     assert (spec.action_shape, spec.action_dtype) == ((1,), "float32")
     assert (spec.action_low, spec.action_high) == ((-1.0,), (1.0,))
-    assert env_family("dmc:cartpole-swingup") == "dmc"
+    assert family_for("dmc:cartpole-swingup").preset("dmc:cartpole-swingup") == "dmc"
     envs = make_vector_env("dmc:cartpole-swingup", 3, seed=0)
     try:
         obs, _ = envs.reset(seed=0)
@@ -86,7 +91,8 @@ def test_gymnasium_mujoco_ids_take_the_gymnasium_path():
     spec = make_spec("InvertedPendulum-v5")
     assert spec.continuous and spec.action_shape == (1,)
     assert (spec.action_low, spec.action_high) == ((-3.0,), (3.0,))
-    assert env_family("InvertedPendulum-v5") == "mujoco" and env_family("CartPole-v1") == "classic"
+    for env_id, row in (("InvertedPendulum-v5", "mujoco"), ("CartPole-v1", "classic")):
+        assert family_for(env_id).preset(env_id) == row
 
 
 def test_unknown_task_gives_one_line_with_close_matches():

@@ -28,7 +28,7 @@ from seedbed.envs import (
 )
 from seedbed.envs.atari import AtariSettings
 from seedbed.errors import ConfigError
-from seedbed.resolve import env_family, resolve
+from seedbed.resolve import resolve
 from seedbed.transport.remote import Assignment
 
 
@@ -59,7 +59,7 @@ def test_families_give_the_defaults_rows_agents_know():
         "CartPole-v1": "classic",
         NOOP_ENV_ID: "classic",
     }
-    assert {env_id: env_family(env_id) for env_id in rows} == rows
+    assert {env_id: family_for(env_id).preset(env_id) for env_id in rows} == rows
 
 
 def test_the_noop_env_is_made_through_its_family():
@@ -220,7 +220,7 @@ def test_a_family_registered_from_outside_is_made_and_described(toy_family):
 
 
 def test_a_registered_family_has_its_defaults_section_and_flags(toy_family):
-    assert env_family("toy:box") == "toy"
+    assert family_for("toy:box").preset("toy:box") == "toy"
     config = resolve([{"env": "toy:box"}])
     assert config.train.total_frames == 1234 and config.train.agent == "vtrace"
     assert config.agent.lr == 0.003  # the family's own preset for the agent

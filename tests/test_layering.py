@@ -1,5 +1,6 @@
-"""The package's imports point down the layers of docs/architecture.md, and nothing imports
-itself round in a cycle: read from the source, every import, lazy ones included."""
+"""The package's imports point down the layers of docs/architecture.md, no module imports the
+package it is part of, and nothing imports itself round in a cycle: read from the source, every
+import, lazy ones included."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "seedbed"
-# (importer, imported): the upward imports the architecture names, each with its reason there.
-ALLOWED_UPWARD = {("config", "transport")}
 
 
 def layers() -> dict[str, int]:
@@ -47,6 +46,29 @@ def imports(path: Path, known: set[str]) -> set[str]:
     return found & known
 
 
+def own_package_imports(path: Path) -> list[str]:
+    """The imports in ``path`` of a package it is part of (below ``seedbed`` itself): ``from
+    seedbed.envs import atari`` in ``envs/registry.py`` runs ``envs/__init__.py``, which is
+    importing the registry; ``from seedbed.envs.atari import FAMILY`` says what it needs."""
+    module = module_name(path).split(".")
+    package = module if path.name == "__init__.py" else module[:-1]
+    own = {".".join(package[:i]) for i in range(2, len(package) + 1)}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package[: len(package) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [base]
+        else:
+            continue
+        found += [f"line {node.lineno}: {name}" for name in names if name in own]
+    return found
+
+
 def part(module: str) -> str:
     return module.split(".")[1] if "." in module else "__init__"
 
@@ -67,9 +89,15 @@ def test_imports_point_down_the_layers():
     for module, imported in package_modules().items():
         for target in imported:
             a, b = part(module), part(target)
-            if a != b and table[b] >= table[a] and (a, b) not in ALLOWED_UPWARD:
+            if a != b and table[b] >= table[a]:
                 wrong.append(f"{module} imports {target} (layer {table[a]} -> {table[b]})")
     assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_module_imports_its_own_package():
+    sources = [p for p in PACKAGE.rglob("*.py") if "proto" not in p.parts]
+    wrong = [f"{module_name(p)}, {hit}" for p in sources for hit in own_package_imports(p)]
+    assert not wrong, "import the submodule itself:\n" + "\n".join(sorted(wrong))
 
 
 def test_no_module_imports_itself_round_a_cycle():
@@ -83,9 +111,21 @@ def test_no_module_imports_itself_round_a_cycle():
         if module in done:
             return
         for target in sorted(graph[module]):
-            if part(target) == part(module) or (part(module), part(target)) not in ALLOWED_UPWARD:
-                visit(target, [*path, module])
+            visit(target, [*path, module])
         done.add(module)
 
     for module in sorted(graph):
         visit(module, [])
+
+
+def test_the_transport_imports_nothing_of_settings_agents_or_the_runtime():
+    """Pinned here as well as in the table: settings check transport names and addresses by
+    asking the transport, never the other way round."""
+    wrong = [
+        f"{module} imports {target}"
+        for module, imported in package_modules().items()
+        if part(module) == "transport"
+        for target in imported
+        if part(target) not in ("transport", "errors", "types")
+    ]
+    assert not wrong, "\n".join(sorted(wrong))

@@ -15,17 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from seedbed import __version__
-from seedbed.config import TrainConfig, add_arguments, check_address, coerce, load_yaml
+from seedbed.config import TRAIN_GROUPS, TrainConfig, add_arguments, coerce, load_yaml
 from seedbed.errors import SeedbedError
 from seedbed.plugins import import_plugins
 from seedbed.resolve import Layer, explain, resolve, resolve_with_sources
+from seedbed.transport.address import check_address
 
 
 def _add_settings(p: argparse.ArgumentParser, shown: dict[str, Any] | None) -> None:
-    """``--config``, ``--print-config`` and one flag per run, env family and agent setting;
-    ``shown``: the defaults ``--help`` shows (the preset's for the env and agent typed)."""
-    from seedbed.agents import AGENTS, config_class
-    from seedbed.envs import families
+    """``--config``, ``--print-config`` and one flag per run, env family and agent setting, by
+    topic: the run's groups (``TRAIN_GROUPS``) with the chosen agent's and env family's after
+    "learner", then the other families' and agents'. ``shown``: the defaults ``--help`` shows
+    (the preset's for the env and agent typed, which it also takes as the chosen ones)."""
+    from seedbed.agents import AGENTS
+    from seedbed.envs import families, family_for
 
     p.add_argument("--config", metavar="FILE.yaml", help="YAML file of settings", default=None)
     p.add_argument(
@@ -34,18 +37,44 @@ def _add_settings(p: argparse.ArgumentParser, shown: dict[str, Any] | None) -> N
         help="print the settings this run would use, each with where it comes from (built-in, "
         "preset, --config, flag), as a YAML file --config takes; then exit",
     )
+    agent = shown["agent"] if shown else None
+    family = family_for(shown["env"]) if shown else None
+    grouped = {name for names in TRAIN_GROUPS.values() for name in names}
+    left_out = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in grouped)
     seen: set[str] = set()
-    add_arguments(p.add_argument_group("run settings"), TrainConfig, seen, shown)
-    for family in families():
-        if not dataclasses.fields(family.settings_class):
-            continue  # no settings: no group in --help
-        ids = f"{family.prefix}... ids" if family.prefix else "its ids"
-        group = p.add_argument_group(f"{family.name} settings ({ids}; YAML: {family.name}: ...)")
-        add_arguments(group, family.settings_class, seen, shown)
+    for title, names in TRAIN_GROUPS.items():
+        if title == "run":
+            names = (*names, *left_out)
+        add_arguments(p.add_argument_group(title), TrainConfig, seen, shown, names)
+        if title == "learner":
+            if agent is not None:
+                _agent_group(p, agent, seen, shown)
+            if family is not None:
+                _family_group(p, family, seen, shown)
+    for other in families():
+        if other is not family:
+            _family_group(p, other, seen, shown)
     for name in AGENTS:
-        add_arguments(
-            p.add_argument_group(f"{name} agent settings"), config_class(name), seen, shown
-        )
+        if name != agent:
+            _agent_group(p, name, seen, shown)
+
+
+def _agent_group(
+    p: argparse.ArgumentParser, name: str, seen: set[str], shown: dict[str, Any] | None
+) -> None:
+    from seedbed.agents import config_class
+
+    add_arguments(p.add_argument_group(f"{name} agent settings"), config_class(name), seen, shown)
+
+
+def _family_group(
+    p: argparse.ArgumentParser, family: Any, seen: set[str], shown: dict[str, Any] | None
+) -> None:
+    if not dataclasses.fields(family.settings_class):
+        return  # no settings: no group in --help
+    ids = f"{family.prefix}... ids" if family.prefix else "its ids"
+    group = p.add_argument_group(f"{family.name} settings ({ids}; YAML: {family.name}: ...)")
+    add_arguments(group, family.settings_class, seen, shown)
 
 
 def _named_layers(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> list[Layer]:
@@ -133,7 +162,8 @@ def _train_parser(subparsers: Any, shown: dict[str, Any] | None) -> None:
         description="Train an agent with central inference. Settings come from the built-in "
         "defaults, then the preset of the env's family and agent (seedbed/presets), then "
         "--config FILE.yaml, then flags (flags win). With --env (and --agent), --help shows "
-        "that env's defaults; --print-config shows a run's settings and where each comes from.",
+        "that env's defaults, and its agent's and env family's settings after the run's; "
+        "--print-config shows a run's settings and where each comes from.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     _add_settings(p, shown)

@@ -6,9 +6,9 @@ at the carbon intensity of ``country``'s grid. The meter never fails a run: if C
 start or measure, it logs one warning and the figures are None. Nothing is written to disk and
 nothing goes over the network.
 
-CodeCarbon takes 1-2 s to start (it detects the hardware), which a user would wait for before
+CodeCarbon takes a while to start (it detects the hardware), which a user would wait for before
 the first frame: ``start()`` returns at once and CodeCarbon starts on a thread meanwhile, so the
-figures leave out the run's first second or two; ``stop()`` says how long (``unmeasured_s``).
+figures leave out the run's first moments; ``stop()`` says how long (``unmeasured_s``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class EnergyMeter:
         self._asked_at = self._measuring_at = 0.0
 
     def start(self) -> None:
-        """Start measuring, on a thread: CodeCarbon's start takes 1-2 s."""
+        """Start measuring, on a thread: CodeCarbon takes a while to start."""
         if not self.enabled:
             return
         self._asked_at = time.monotonic()

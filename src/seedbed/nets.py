@@ -41,8 +41,7 @@ def _scaled(obs: torch.Tensor) -> torch.Tensor:
 
     Under autocast (bfloat16 torsos) frames go straight to its dtype, which holds 0-255
     exactly: the same values the first layer would get by casting float32 frames down, without
-    the float32 copy. Each pass over a learner batch of frames costs as much as a small layer
-    (a quarter of a bfloat16 Nature CNN step on Pong went to these copies and the division).
+    the float32 copy: each pass over a learner batch of frames costs as much as a small layer.
     """
     device = obs.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
@@ -72,8 +71,8 @@ def _flat_relu() -> tuple[nn.Module, nn.Module]:
     """The ReLU after an image torso's last convolution, with the flatten before it: the same
     values, but its backward then meets the gradient in the layout its output has. After the
     channels-last convolution that output was channels-last and the gradient, coming back
-    through the flatten, plain contiguous, and the mismatched backward took 15x as long
-    per value: a tenth of a Pong PPO batch on one thread (docs/benchmarks.md)."""
+    through the flatten, plain contiguous, and a backward across mismatched layouts is many
+    times slower."""
     return nn.Flatten(), nn.ReLU()
 
 
@@ -107,8 +106,8 @@ class NatureCNN(nn.Module):
 
 class A3CCNN(NatureCNN):
     """The smaller torso of DQN's first paper and A3C (Mnih et al. 2013, 2016): two
-    convolutions, 16 and 32 channels, and a 256-unit layer. On 84x84x4 frames it is 5.9 MFLOP
-    a forward pass against the Nature CNN's 18.7, so a CPU learner takes 3x the frames/s."""
+    convolutions, 16 and 32 channels, and a 256-unit layer: on 84x84x4 frames about a third of
+    the Nature CNN's arithmetic per forward pass, for learners that the torso bounds."""
 
     CONVS = ((16, 8, 4), (32, 4, 2))
     OUT_SIZE = 256
@@ -164,11 +163,9 @@ class FootballResNet(ImpalaResNet):
     with a fourth stack, 16, 32, 32 and 32 channels, then a 256-unit layer. Four stride-2
     pools take the 72x96 Super Mini Map down to 5x6 before the linear layer."""
 
-    # The sparse 0/255 planes give large, mostly positive features at init (mean ~3): a
-    # unit-scale value head then starts at values near 9 against returns within [-1, 1], and
-    # the value loss shrank the shared features 100-fold within 50k frames, after which the
-    # policy barely moved (measured on academy_empty_goal_close). A value head starting near 0
-    # keeps them.
+    # The sparse 0/255 planes give large, mostly positive features at init: a unit-scale value
+    # head then starts far from returns within [-1, 1], and the value loss shrinks the shared
+    # features until the policy barely moves. A value head starting near 0 keeps them.
     value_gain = 0.01
 
     def __init__(self, obs_shape: tuple[int, ...]) -> None:

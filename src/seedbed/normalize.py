@@ -29,10 +29,9 @@ class ObsNormalizer(nn.Module):
     batch by batch (Chan et al. 1979), exactly what one pass over all of them would give.
     """
 
-    # On a CPU a learner batch (1,040 Atari stacks: 115 MB as float32) goes through in chunks
-    # of about this many values, whose float32 temporaries stay in the core's cache: each pass
-    # over the whole batch at once went to memory, and normalizing and measuring a Pong batch
-    # took a fifth of a bfloat16 learner step (docs/benchmarks.md). A GPU takes it in one go.
+    # On a CPU a learner batch goes through in chunks of about this many values, whose float32
+    # temporaries stay in the core's cache, where a pass over the whole batch at once would go
+    # to memory for each temporary. A GPU takes it in one go.
     CHUNK_VALUES = 1 << 17
 
     def __init__(self, obs_shape: tuple[int, ...], clip: float = 5.0, eps: float = 1e-8) -> None:

@@ -26,9 +26,9 @@ float32 and only their fully connected layer drops; the LSTM core is quantized t
 ``quantize_dynamic`` does by default (its error stays bounded over an unroll: the tests check
 it). An int8 network computes its float layers in float32 even where the template's torso runs
 under bfloat16 autocast, since the int8 kernels take float32 inputs. fp16 only halves the
-bytes: decode upcasts to float32, because this CPU (AMD EPYC, no native fp16 arithmetic) runs the
-3 x 512 MLP's forward 4-5x slower under float16 autocast and no faster with fbgemm's fp16-weight
-kernel (``bench/actorq.py speed --kernels`` measures the three).
+bytes: decode upcasts to float32, because CPUs without native fp16 arithmetic run a forward
+slower under float16 autocast and no faster with fbgemm's fp16-weight kernel
+(``bench/actorq.py speed --kernels`` measures the three; docs/benchmarks.md, quantized actors).
 
 A payload holds the parts of the network that acting reads: ``skip`` names submodules left out
 (an agent's ``acting_skips``, e.g. V-trace's value torso), which keep the template's values on
@@ -139,8 +139,7 @@ def decode_policy(
 
     ``into``, a module an earlier call returned for ``template``, is updated in place and
     returned when it has the payload's form (int8 or float): an actor that decodes every
-    broadcast then skips copying the template and packs each int8 weight once, not three times
-    (a 3 x 512 MLP: 2 ms instead of 6)."""
+    broadcast then skips copying the template and packs each int8 weight once, not three times."""
     precision, version, arrays = _unpack(memoryview(payload), template, skip)
     layers = _int8_layers(template, skip) if precision == "int8" else {}
     if into is not None and _int8_prefixes(into) == set(layers):
@@ -255,9 +254,9 @@ def _arrays(net: nn.Module, precision: str, skip: tuple[str, ...] = ()) -> dict[
 
 def _quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 per output row, and each row's float32 scale: the bytes ``quantize_dynamic``
-    with ``per_channel_dynamic_qconfig`` makes (the tests compare them), ten times faster than
-    its observer and quantized tensor (0.16 against 1.7 ms for 512 x 512), since the learner
-    quantizes at every broadcast."""
+    with ``per_channel_dynamic_qconfig`` makes (the tests compare them), without its observer
+    and quantized tensor, which cost several times more, since the learner quantizes at every
+    broadcast."""
     rows = weight.reshape(len(weight), -1)
     # The observer's symmetric range: the largest magnitude maps to 127.5 steps, the scale at
     # least float32's epsilon (an all-zero row), zero point 0; values round half to even.
@@ -340,8 +339,7 @@ def _relu_after(net: nn.Module, prefix: str) -> tuple[nn.Sequential, int] | None
 def _int8_module(module: nn.Module, fused: bool = False) -> nn.Module:
     """The dynamically quantized counterpart of ``module``, shaped alike, for ``_load_int8``
     to fill; ``fused``: a Linear that applies the ReLU after it in the same kernel (fbgemm's
-    linear+ReLU): one op and one pass over the activations fewer, 3-5 us of a 3 x 512 policy's
-    190 us forward per hidden layer at 32 envs."""
+    linear+ReLU): one op and one pass over the activations fewer per hidden layer."""
     with _quiet():
         if isinstance(module, nn.Linear):
             kind = nniqd.LinearReLU if fused else nnqd.Linear

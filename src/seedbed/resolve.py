@@ -32,13 +32,6 @@ _TRAIN_NAMES = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 Layer = tuple[str, dict[str, Any]]
 
 
-def env_family(env_id: str) -> str:
-    """The row of presets that applies to ``env_id``: its family's name (``atari``, ``dmc``,
-    ``football``, ``dmlab``, or a user's family's), ``mujoco`` for Gymnasium's MuJoCo ids
-    (``HalfCheetah-v5``...), else ``classic``."""
-    return family_for(env_id).preset(env_id)
-
-
 def resolve(layers: list[dict[str, Any]]) -> RunConfig:
     """Merge setting layers (earlier ones lose) over the env's preset into a validated RunConfig.
 

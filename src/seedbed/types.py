@@ -61,10 +61,6 @@ class EnvSpec:
         return (self.obs_shape[0] // self.learner_stack, *self.obs_shape[1:])
 
     @property
-    def obs_numpy_dtype(self) -> np.dtype:
-        return np.dtype(self.obs_dtype)
-
-    @property
     def continuous(self) -> bool:
         """Whether actions are real-valued arrays (a Box) rather than one of ``num_actions``."""
         return np.dtype(self.action_dtype).kind == "f"

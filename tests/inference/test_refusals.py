@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from seedbed.actor.local import acted_fields
 from seedbed.agents import make_agent
-from seedbed.inference.local import acted_fields
 from seedbed.inference.server import InferenceServer
 from seedbed.replay import UnrollQueue
 from seedbed.resolve import resolve

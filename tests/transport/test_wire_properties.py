@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from seedbed.actor.local import acted_fields
 from seedbed.agents import make_agent
-from seedbed.inference.local import acted_fields
 from seedbed.inference.server import InferenceServer
 from seedbed.replay import UnrollQueue
 from seedbed.resolve import resolve

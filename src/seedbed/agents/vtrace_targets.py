@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,60 +108,3 @@ def _check_inputs(
         raise ValueError(
             f"bootstrap_value must be [B] = [{batch}], got {list(bootstrap_value.shape)}"
         )
-
-
-def vtrace_from_logits(
-    behaviour_logits: torch.Tensor,
-    target_logits: torch.Tensor,
-    actions: torch.Tensor,
-    discounts: torch.Tensor,
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    bootstrap_value: torch.Tensor,
-    clip_rho_threshold: float | None = 1.0,
-    clip_pg_rho_threshold: float | None = 1.0,
-    clip_c_threshold: float | None = 1.0,
-    lambda_: float = 1.0,
-) -> tuple[VTraceReturns, torch.Tensor]:
-    """Computes V-trace targets for a categorical policy from its logits.
-
-    Args:
-        behaviour_logits: ``[T, B, A]`` unnormalised log-probabilities of the acting policy mu.
-        target_logits: ``[T, B, A]`` unnormalised log-probabilities of the learner policy pi.
-        actions: ``[T, B]`` int64 actions taken by mu.
-        discounts: ``[T, B]``; see `vtrace_from_importance_weights`.
-        rewards: ``[T, B]``.
-        values: ``[T, B]``.
-        bootstrap_value: ``[B]``.
-        clip_rho_threshold: See `vtrace_from_importance_weights`.
-        clip_pg_rho_threshold: See `vtrace_from_importance_weights`.
-        clip_c_threshold: See `vtrace_from_importance_weights`.
-        lambda_: See `vtrace_from_importance_weights`.
-
-    Returns:
-        The V-trace returns and the ``[T, B]`` target log-probabilities ``log pi(a_t|x_t)`` of the
-        actions; the latter keep their gradient, for the policy-gradient loss.
-
-    Raises:
-        ValueError: If the inputs do not have the shapes above.
-    """
-    if target_logits.dim() != 3:
-        raise ValueError(f"target_logits must be [T, B, A], got {list(target_logits.shape)}")
-    _check_shape("behaviour_logits", behaviour_logits, tuple(target_logits.shape))
-    _check_shape("actions", actions, tuple(target_logits.shape[:2]))
-
-    index = actions.long().unsqueeze(-1)
-    target_log_probs = F.log_softmax(target_logits, dim=-1).gather(-1, index).squeeze(-1)
-    behaviour_log_probs = F.log_softmax(behaviour_logits, dim=-1).gather(-1, index).squeeze(-1)
-    returns = vtrace_from_importance_weights(
-        log_rhos=target_log_probs.detach() - behaviour_log_probs.detach(),
-        discounts=discounts,
-        rewards=rewards,
-        values=values,
-        bootstrap_value=bootstrap_value,
-        clip_rho_threshold=clip_rho_threshold,
-        clip_pg_rho_threshold=clip_pg_rho_threshold,
-        clip_c_threshold=clip_c_threshold,
-        lambda_=lambda_,
-    )
-    return returns, target_log_probs

@@ -31,11 +31,6 @@ from seedbed.errors import ConfigError
 PREFIX = "dmc:"
 
 
-def is_dmc(env_id: str) -> bool:
-    """Whether ``env_id`` is a ``dmc:`` id."""
-    return env_id.startswith(PREFIX)
-
-
 class _QuietModelWarnings(logging.Filter):
     """Drops MuJoCo's notes that a suite model uses a deprecated compiler attribute (cheetah's
     ``settotalmass``): they come from dm_control's own files, once per env, and no user can act

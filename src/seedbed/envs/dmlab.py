@@ -106,11 +106,6 @@ CLASSIC_LEVELS = (
 )
 
 
-def is_dmlab(env_id: str) -> bool:
-    """Whether ``env_id`` is a ``dmlab:`` id."""
-    return env_id.startswith(PREFIX)
-
-
 def level_path(env_id: str) -> str:
     """The level script Lab loads for a ``dmlab:LEVEL`` id, or a one-line error."""
     level = env_id[len(PREFIX) :]

@@ -129,11 +129,6 @@ class Scenario:
         )
 
 
-def is_football(env_id: str) -> bool:
-    """Whether ``env_id`` is a ``football:`` id."""
-    return env_id.startswith(PREFIX)
-
-
 def _installed_scenarios() -> tuple[str, ...] | None:
     """The scenario modules of the installed gfootball, read from its files without importing
     it (its import loads the C++ engine); None where gfootball is not installed."""

@@ -46,8 +46,8 @@ class SameStepCartPole(CartPoleVectorEnv):
     """Gymnasium's CartPole stepping all E envs in one numpy call, resetting on the step an
     episode ends (Gymnasium's own resets one step later, with a step that ignores the action).
 
-    E single CartPoles in a SyncVectorEnv cost ~10 us each per step in Python; this costs about
-    as much for all E, so actors spend their time on the policy and the transport instead.
+    E single CartPoles in a SyncVectorEnv cost a Python step each; this costs about one for all
+    E, so actors spend their time on the policy and the transport instead.
     """
 
     metadata = {**CartPoleVectorEnv.metadata, "autoreset_mode": AutoresetMode.SAME_STEP}

@@ -3,8 +3,7 @@
 Benchmarks and tests train on it to measure what seedbed itself costs per step (transport,
 inference, unrolls), with no simulator in the way. It is registered with Gymnasium too, so
 ``gym.make`` knows it. Actors step their E copies in one numpy call (``NoopVectorEnv``): E single
-envs in a SyncVectorEnv cost ~2 us each per step in Python, which would be most of what the
-benchmark measures.
+envs in a SyncVectorEnv would cost a Python step each, most of what the benchmark measures.
 """
 
 from __future__ import annotations

@@ -13,18 +13,17 @@ import dataclasses
 from typing import Any
 
 from seedbed.config import TrainConfig, build
-from seedbed.envs import atari, dmc, dmlab, football, gym, noop
+from seedbed.envs.atari import FAMILY as ATARI
 from seedbed.envs.base import EnvFamily
+from seedbed.envs.dmc import FAMILY as DMC
+from seedbed.envs.dmlab import FAMILY as DMLAB
+from seedbed.envs.football import FAMILY as FOOTBALL
+from seedbed.envs.gym import FAMILY as GYM
+from seedbed.envs.noop import FAMILY as NOOP
 from seedbed.errors import ConfigError
 
-BUILTIN: tuple[EnvFamily, ...] = (
-    atari.FAMILY,
-    dmc.FAMILY,
-    football.FAMILY,
-    dmlab.FAMILY,
-    noop.FAMILY,
-)
-FALLBACK: EnvFamily = gym.FAMILY  # Gymnasium ids and users' module:EnvId
+BUILTIN: tuple[EnvFamily, ...] = (ATARI, DMC, FOOTBALL, DMLAB, NOOP)
+FALLBACK: EnvFamily = GYM  # Gymnasium ids and users' module:EnvId
 
 _FAMILIES: dict[str, EnvFamily] = {}
 

@@ -7,8 +7,8 @@ their ``PolicyBoard``, without the parts acting never reads (the agent's ``actin
 The quantization error, the largest change of the acting outputs (the agent's
 ``acting_outputs``: logits, Q-value advantages or noiseless actions, and the recurrent state) on
 the inputs of the batch just learned from, is measured on the first quantized broadcast after
-each metrics row: measuring needs a decode and two forwards, which on every broadcast cost a
-small learner as much as the update (int8 DQN on CartPole: ~10 ms each).
+each metrics row: measuring needs a decode and two forwards, which on every broadcast would cost
+a small learner as much as its update.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ dataclasses, the preset, ``--config FILE.yaml``, and flags. The preset is two fi
 folder, for the env's row (its family's name, or ``classic``/``mujoco`` for Gymnasium's ids):
 
 - ``ROW.yaml``: what every run of the row uses, whatever the agent, and the agent it uses when
-  ``--agent`` is not given (e.g. ``atari.yaml``: PPO, no target return, 50 M frames);
+  ``--agent`` is not given (e.g. ``atari.yaml``: its agent, target return and frame budget);
 - ``ROW/AGENT.yaml``: what that agent changes for the row (e.g. ``atari/ppo.yaml``: its network,
   optimizer, layout and schedule). A missing file changes nothing.
 

@@ -24,9 +24,9 @@ import torch
 from rich.console import Console
 
 from seedbed.actor import run_actor
+from seedbed.actor.local import LocalActing, acted_fields
 from seedbed.config import RunConfig, TrainConfig, to_dict
 from seedbed.errors import SeedbedError
-from seedbed.inference.local import LocalActing, acted_fields
 from seedbed.inference.publish import PolicyPublisher
 from seedbed.inference.server import InferenceServer
 from seedbed.quantize import encode_policy

@@ -29,8 +29,8 @@ def actor_context() -> Any:
     """The multiprocessing context actors start from, starting now.
 
     Where the platform has one, a fork server that imports the actor's code once: each actor,
-    and each restart, is then a fork of it, in milliseconds rather than the half second a fresh
-    interpreter takes to import numpy and the env libraries. Called before the learner builds
+    and each restart, is then a fork of it, instead of a fresh interpreter that imports numpy
+    and the env libraries again. Called before the learner builds
     its networks, the server loads on another core meanwhile. Elsewhere: spawn.
     """
     if "forkserver" not in multiprocessing.get_all_start_methods():

@@ -3,10 +3,9 @@ default), or in a process of their own (``LearnerProcess``, ``--learner-process`
 
 In one process every torch op of an update releases and retakes the interpreter lock, which the
 inference thread holds for its bookkeeping; a small network's update is hundreds of such ops, and
-it then waits on the lock longer than it computes (docs/benchmarks.md: a PPO batch on the
-``--noop`` env takes 13.5 ms in the run against 5.9 ms alone). In a process of its own the update
-has an interpreter of its own. The loop copies each batch into one of two shared-memory slots
-(the next batch is copied in while the last is learned from); after each update the process
+it then waits on the lock longer than it computes (docs/benchmarks.md). In a process of its own
+the update has an interpreter of its own. The loop copies each batch into one of two shared-memory
+slots (the next batch is copied in while the last is learned from); after each update the process
 copies its parameters into the loop's network, which lives in shared memory, under a lock, and
 the loop publishes them to inference as it always has. For replay, the priorities the update
 set come back with it.

@@ -12,7 +12,7 @@ from seedbed.agents.dqn.config import (
     transition_layout,
     validate_replay,
 )
-from seedbed.config import setting
+from seedbed.config import flag, setting
 from seedbed.errors import ConfigError
 
 ACTIONS = "continuous"  # seedbed.agents.check_actions refuses discrete envs with one line
@@ -69,7 +69,7 @@ class D4PGConfig:
             raise ConfigError(f"--discount must lie in [0, 1], got {self.discount}")
         for name in ("n_step", "target_update_every"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+                raise ConfigError(f"--{flag(name)} must be positive, got {getattr(self, name)}")
         if self.num_atoms < 2:
             raise ConfigError(f"--num-atoms must be at least 2, got {self.num_atoms}")
         if self.v_min >= self.v_max:
@@ -83,18 +83,12 @@ class D4PGConfig:
         for name in ("policy_hidden_sizes", "critic_hidden_sizes"):
             sizes = getattr(self, name)
             if not sizes or min(sizes) <= 0:
-                raise ConfigError(
-                    f"--{_flag(name)} needs one or more positive widths, e.g. 256,256"
-                )
+                raise ConfigError(f"--{flag(name)} needs one or more positive widths, e.g. 256,256")
 
     def check_run(self, train: Any) -> None:
         """Raise ConfigError where the run's unrolls and batches cannot fit the replay."""
         check_n_step_unroll(train.unroll, self.n_step)
         check_replay(self, self.layout(train.unroll), train.batch)
-
-
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
 
 
 CONFIG_CLASS = D4PGConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from seedbed.config import setting
+from seedbed.config import flag, setting
 from seedbed.errors import ConfigError
 
 
@@ -112,7 +112,9 @@ class DQNConfig:
         "network torso: MLP, Nature DQN CNN, A3C's smaller CNN, or IMPALA's deep ResNet (images)",
     )
     torso_dtype: Literal["auto", "float32", "bfloat16"] = setting(
-        "float32", "torso compute dtype (see the V-trace agent's --torso-dtype)"
+        "float32",
+        "torso compute dtype; bfloat16 is mixed precision, fast on GPUs and on CPUs with "
+        "AVX-512 or AMX; auto picks it where the device has them",
     )
     hidden_sizes: tuple[int, ...] = setting((128, 128), "MLP torso layer widths")
     lstm: bool = setting(False, "add an LSTM core fed with the previous action and reward")
@@ -131,7 +133,7 @@ class DQNConfig:
             raise ConfigError(f"--discount must lie in [0, 1], got {self.discount}")
         for name in ("n_step", "target_update_every", "lstm_size"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+                raise ConfigError(f"--{flag(name)} must be positive, got {getattr(self, name)}")
         validate_replay(self)
         if not 0.0 <= self.priority_eta <= 1.0 or not 0.0 <= self.epsilon_base <= 1.0:
             raise ConfigError("--priority-eta and --epsilon-base must lie in [0, 1]")
@@ -144,10 +146,6 @@ class DQNConfig:
         """Raise ConfigError where the run's unrolls and batches cannot fit this agent's replay."""
         check_n_step_unroll(train.unroll, self.n_step)
         check_replay(self, self.layout(train.unroll), train.batch)
-
-
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
 
 
 CONFIG_CLASS = DQNConfig

@@ -33,7 +33,8 @@ class VTraceConfig:
     normalize_advantages: bool = setting(
         True, "scale policy-gradient advantages by their batch standard deviation"
     )
-    # Off by default: on CartPole it measured slower to a 100-episode mean of 475 (5 seeds).
+    # Off by default: bootstrapping the cuts learned slower on classic control (docs/benchmarks.md,
+    # Defaults).
     bootstrap_time_limits: bool = setting(
         False, "bootstrap episodes cut by a time limit instead of treating them as failures"
     )

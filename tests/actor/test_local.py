@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from seedbed.actor import act
+from seedbed.actor.local import LocalActing, LocalPolicy, acted_fields
 from seedbed.agents import make_agent
 from seedbed.envs import make_spec, make_vector_env
-from seedbed.inference.local import LocalActing, LocalPolicy, acted_fields
 from seedbed.inference.server import InferenceServer
 from seedbed.quantize import encode_policy
 from seedbed.replay import UnrollQueue

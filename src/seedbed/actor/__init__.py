@@ -2,8 +2,8 @@
 
 In central mode an actor holds no model and knows nothing of the agent: it only turns actions
 into observations. It imports neither torch nor the learner, so it starts in a fraction of a second.
-With local inference (``--inference local``) it acts itself with a ``LocalPolicy`` and sends what
-it acted with each step.
+With local inference (``--inference local``) it acts itself with a ``LocalPolicy`` (``local``,
+which imports torch: only such actors load it) and sends what it acted with each step.
 Local actors are processes the learner spawns (``run_actor``); remote ones are started by hand or
 by a cluster launcher and connect over gRPC (``run_remote_actor``), learning what to run from the
 learner.
@@ -95,7 +95,7 @@ def run_actor(
     policy = None
     try:
         if local is not None:
-            from seedbed.inference.local import LocalPolicy  # torch: only actors that act
+            from seedbed.actor.local import LocalPolicy  # torch: only actors that act
 
             policy = LocalPolicy(local, endpoint.actor * num_envs, num_envs, seed)
         act(client, envs, seed, policy, env_id)
@@ -114,10 +114,10 @@ def run_actor(
 def _remote_policy(client: Any, settings: Any) -> Any:
     """The ``LocalPolicy`` a remote actor acts with, as its assignment describes it; the
     stream itself brings the policies."""
+    from seedbed.actor.local import LocalActing, LocalPolicy
     from seedbed.agents import config_class
     from seedbed.config import build
     from seedbed.envs import make_spec
-    from seedbed.inference.local import LocalActing, LocalPolicy
 
     job = client.assignment
     local = job.local

@@ -1,0 +1,22 @@
+"""Where a learner listens and an actor connects: ``HOST:PORT`` or ``unix:PATH``.
+
+Checked where the address is given (``--listen`` with the run's settings, ``seedbed actor
+--connect``), so a typo is one line before anything starts; the gateway and the client take
+the address as it is.
+"""
+
+from __future__ import annotations
+
+from seedbed.errors import ConfigError
+
+
+def check_address(address: str, flag: str) -> None:
+    """A one-line error unless ``address`` is ``HOST:PORT`` or ``unix:PATH``."""
+    if address.startswith("unix:"):
+        if len(address) > len("unix:"):
+            return
+    else:
+        host, _, port = address.rpartition(":")
+        if host and port.isdigit() and int(port) < 65536:
+            return
+    raise ConfigError(f"{flag} {address!r}: expected HOST:PORT (e.g. 127.0.0.1:5000) or unix:PATH")
