@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Stop at once where ``--dist loadgroup`` did not tag the grouped tests: the Ray tests on
     both workers at once kill each other's actors (a pytest that pytest-xdist cannot tag, as
     9.2 with xdist 3.8, does that silently)."""
-    if not config.getvalue("loadgroup"):
+    if not config.getoption("loadgroup", default=False):  # unset without workers (-n 0)
         return
     untagged = [
         i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid
