@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test test-football football lint format docs bench proto clean
+.PHONY: run test test-football football lint format docs docs-check bench proto clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "seedbed needs Python 3.10+"'
@@ -50,6 +50,11 @@ format: $(STAMP)
 # `make test` builds it too (tests/test_docs.py). NO_MKDOCS_2_WARNING: Material's banner.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# Every page of site/ in headless Chromium (Debian: apt-get install chromium): no console error,
+# no resource that fails to load, no internal link or anchor that does not resolve.
+docs-check: docs
+	$(BIN)/python docs/check_site.py site
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py

@@ -7,6 +7,7 @@ import dataclasses
 import html
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,22 @@ def test_site_builds(site: Path) -> None:
         assert (site / page).is_file(), page
     api = (site / "reference/api/index.html").read_text(encoding="utf-8")
     assert "seedbed.train" in api and "Replicator" in api  # mkdocstrings rendered the docstrings
+
+
+@pytest.mark.skipif(
+    not any(map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))),
+    reason="no Chromium (Debian: apt-get install chromium)",
+)
+def test_pages_render_in_a_browser(site: Path) -> None:
+    """Each page in headless Chromium: no console error, every internal link and anchor."""
+    pytest.importorskip("websockets", reason="websockets is not installed (the dev extra has it)")
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        from check_site import check_site
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    problems = check_site(site)
+    assert not problems, "\n".join(problems)
 
 
 def _all_settings() -> dict[str, type]:
