@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test test-football football lint format bench proto clean
+.PHONY: run test test-football football lint format docs docs-check bench proto clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "seedbed needs Python 3.10+"'
@@ -39,12 +39,22 @@ football: $(STAMP)
 	$(BIN)/python -c 'import gfootball.env, gfootball_engine; print("gfootball OK")'
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench examples
-	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/ruff check src tests bench examples docs
+	$(BIN)/ruff format --check src tests bench examples docs
 
 format: $(STAMP)
-	$(BIN)/ruff format src tests bench examples
-	$(BIN)/ruff check --fix src tests bench examples
+	$(BIN)/ruff format src tests bench examples docs
+	$(BIN)/ruff check --fix src tests bench examples docs
+
+# The documentation site (mkdocs.yml) into site/; --strict: a broken link or reference fails.
+# `make test` builds it too (tests/test_docs.py). NO_MKDOCS_2_WARNING: Material's banner.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# Every page of site/ in headless Chromium (Debian: apt-get install chromium): no console error,
+# no resource that fails to load, no internal link or anchor that does not resolve.
+docs-check: docs
+	$(BIN)/python docs/check_site.py site
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
@@ -58,4 +68,4 @@ proto:
 		-I. --python_out=. --pyi_out=. actor.proto
 
 clean:
-	rm -rf $(VENV) .venv-proto runs .pytest_cache .ruff_cache src/*.egg-info
+	rm -rf $(VENV) .venv-proto runs site .pytest_cache .ruff_cache src/*.egg-info

@@ -2,8 +2,8 @@
 
 seedbed names it ``corridor:Corridor-v0``, Gymnasium's ``module:EnvId`` convention: the learner
 and every actor import ``corridor`` before making the env, so the module must be importable
-where they run (the script's folder, PYTHONPATH or an installed package). It is the README's
-example; it takes no ``render_mode``, as many users' envs do not.
+where they run (the script's folder, PYTHONPATH or an installed package). It is the example of
+docs/guides/own-env.md; it takes no ``render_mode``, as many users' envs do not.
 """
 
 import gymnasium as gym

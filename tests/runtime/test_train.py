@@ -274,7 +274,7 @@ def test_quantized_and_local_inference_report_their_broadcasts(
     ("agent", "budget", "overrides"),
     # V-trace at its CartPole lr of 0.0014 collapsed to a return of 9 after a gradient spike in
     # about 1 run of 6 with these 256-wide layers (before and after the int8 changes alike): that
-    # lr suits 64-wide layers, and Adam's steps move wider ones further (README, Agents). At
+    # lr suits 64-wide layers, and Adam's steps move wider ones further (docs/guides/agents.md). At
     # 7e-4, 6 of 6 runs got there within 72-383k frames.
     [
         ("vtrace", 1_500_000, {"lr": 7e-4, "hidden_sizes": "256,256"}),
