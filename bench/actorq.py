@@ -47,6 +47,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from machine import machine
+from results import add_out, emit
 from torch import nn
 from torch.ao.quantization import float16_dynamic_qconfig, quantize_dynamic
 
@@ -386,14 +387,16 @@ def main() -> None:
     s.add_argument("--seconds", type=float, default=0.5, help="per measured run")
     s.add_argument("--rounds", type=int, default=5, help="runs per figure, best kept")
     s.add_argument("--kernels", action="store_true", help="int8 and fp16 kernel alternatives")
+    add_out(s)
     s.set_defaults(run=speed)
     r = sub.add_parser("runs", help="training runs: central, and local fp32, fp16 and int8 actors")
     r.add_argument("--agent", choices=sorted(RUN_DEFAULTS), default="dqn")
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     r.add_argument("extra", nargs="*", help="flags for seedbed train (after --); they win")
+    add_out(r)
     r.set_defaults(run=runs)
     args = p.parse_args()
-    print(json.dumps(args.run(args), indent=2))
+    emit(args.run(args), args.out)
 
 
 if __name__ == "__main__":

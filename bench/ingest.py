@@ -79,6 +79,7 @@ import numpy as np
 from ingest_actors import ABORT, FINISH, MEASURE, PROBE, RUN, Shared, simulate, split
 from ingest_envs import NEWEST_ID, STACKED_ID
 from machine import machine
+from results import add_out, emit
 
 BENCH = Path(__file__).resolve().parent
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -445,6 +446,7 @@ def main() -> None:
     p.add_argument("--hidden-sizes", default="1", help="the learner's MLP")
     p.add_argument("--sim-processes", type=int, default=2, help="processes holding the streams")
     p.add_argument("--actor-steps-per-s", type=float, default=None, help="for the estimate")
+    add_out(p)
     p.add_argument("train_flags", nargs="*", help="flags for seedbed train, after --")
     args = p.parse_args()
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
@@ -488,7 +490,7 @@ def main() -> None:
         "estimates": estimated,
         "nothing_lost": all(pt["accounting"]["nothing_lost"] for pt in points),
     }
-    print(render(report))
+    emit(render(report), args.out)
     sys.exit(0 if report["nothing_lost"] else 1)
 
 

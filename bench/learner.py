@@ -21,12 +21,12 @@ with as many threads as cores: small networks run slower on more threads).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 import torch
 from machine import machine
+from results import add_out, emit
 
 from seedbed.agents import make_agent
 from seedbed.envs import make_spec
@@ -168,6 +168,7 @@ def main() -> None:
         metavar="NAME=VALUE",
         help="any other setting, as `seedbed train` names it (epochs=3, minibatches=2)",
     )
+    add_out(parser)
     args = parser.parse_args()
     report = {"machine": machine(), "agent": args.agent, "set": dict(args.set), "results": []}
     for env in args.env:
@@ -181,7 +182,7 @@ def main() -> None:
         for row in rows:
             row["speedup"] = round(row["samples_per_s"] / base, 2)
         report["results"].append({"env": env, "steps": steps, "rows": rows})
-    print(json.dumps(report, indent=2))
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

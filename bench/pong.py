@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from machine import machine
+from results import add_out, emit
 
 from seedbed.telemetry import read_metrics
 
@@ -33,6 +34,7 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=10_000_000, help="emulator frames to train")
     p.add_argument("--out", default="runs/pong-evidence", help="where the curve and CSV go")
     p.add_argument("--run-dir", default=None, help="keep the run here (default: a temp dir)")
+    add_out(p, "--json")
     p.add_argument("train_flags", nargs="*", help="flags for seedbed train, after --")
     args = p.parse_args()
 
@@ -61,24 +63,22 @@ def main() -> None:
             if len(hits)
             else None
         )
-    print(
-        json.dumps(
-            {
-                "benchmark": "pong_learning",
-                "machine": machine(),
-                "command": " ".join(command),
-                "frames": summary["frames"],
-                "frames_counted_as": summary["frames_counted_as"],
-                "wall_s": summary["wall_s"],
-                "mean_fps": summary["mean_fps"],
-                "final_mean_return_100": summary["mean_return_100"],
-                "best_mean_return_100": float(np.nanmax(mean)),
-                "first_passed": passed,
-                "env_protocol": summary["env_protocol"],
-                "curve": str(out / "pong-curve.png"),
-            },
-            indent=2,
-        )
+    emit(
+        {
+            "benchmark": "pong_learning",
+            "machine": machine(),
+            "command": " ".join(command),
+            "frames": summary["frames"],
+            "frames_counted_as": summary["frames_counted_as"],
+            "wall_s": summary["wall_s"],
+            "mean_fps": summary["mean_fps"],
+            "final_mean_return_100": summary["mean_return_100"],
+            "best_mean_return_100": float(np.nanmax(mean)),
+            "first_passed": passed,
+            "env_protocol": summary["env_protocol"],
+            "curve": str(out / "pong-curve.png"),
+        },
+        args.json,
     )
 
 

@@ -13,7 +13,6 @@ of the network path (serialisation, the stream, the gateway's relay), which the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import threading
 import time
 
 from machine import machine
+from results import add_out, emit
 from throughput import steady_fps, train_flags, training_fps
 
 from seedbed.envs.atari import is_atari
@@ -61,6 +61,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--frames", type=int, default=None, help="training frames per run")
+    add_out(p)
     p.add_argument("train_flags", nargs="*", help="flags for seedbed train, after --")
     args = p.parse_args()
 
@@ -104,7 +105,7 @@ def main() -> None:
             results["grpc_unix"]["train_frames_per_s"] / shm, 3
         ),
     }
-    print(json.dumps(report, indent=2))
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import multiprocessing
 import os
 import tempfile
@@ -25,6 +24,7 @@ import time
 
 import numpy as np
 from machine import machine
+from results import add_out, emit
 
 from seedbed.cli import build_parser
 from seedbed.config import RunConfig, to_dict
@@ -103,6 +103,7 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=None, help="training frames to measure")
     p.add_argument("--raw-seconds", type=float, default=5.0)
     p.add_argument("--device", default="cpu")
+    add_out(p)
     p.add_argument("train_flags", nargs="*", help="flags for seedbed train, after --")
     args = p.parse_args()
 
@@ -156,7 +157,7 @@ def main() -> None:
         report["ratio_to_fastest_backend"] = round(train_fps / raw[fastest], 3)
     if args.profile:
         report["time_shares"] = summary["time_shares"]
-    print(json.dumps(report, indent=2))
+    emit(report, args.out)
 
 
 _SHOWN = (

@@ -56,6 +56,7 @@ from pathlib import Path
 
 import numpy as np
 from machine import machine
+from results import add_out, emit
 
 from seedbed.telemetry import read_metrics
 
@@ -559,6 +560,7 @@ def main() -> None:
     p.add_argument("--peer-flags", default="", help="more flags for the peer (one string)")
     p.add_argument("--seed", type=int, default=0, help="seed for both")
     p.add_argument("--out", default="runs/time-to-score", help="where the figure and logs go")
+    add_out(p, "--json")
     p.add_argument("train_flags", nargs="*", help="flags for seedbed train, after --")
     args = p.parse_args()
     rungs = args.ladder or LADDERS.get(args.game)
@@ -610,7 +612,7 @@ def main() -> None:
         "figure": str(figure),
         "out": str(out),
     }
-    print(json.dumps(result, indent=2))
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

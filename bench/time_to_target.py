@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from machine import machine
+from results import add_out, emit
 
 
 def one_run(seed: int, extra: list[str], run_dir: Path) -> dict:
@@ -58,6 +59,7 @@ def one_run(seed: int, extra: list[str], run_dir: Path) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    add_out(p)
     p.add_argument("extra", nargs="*", help="flags passed to seedbed train (after --)")
     args = p.parse_args()
     runs = []
@@ -65,19 +67,17 @@ def main() -> None:
         for seed in args.seeds:
             runs.append(one_run(seed, args.extra, Path(tmp) / f"seed{seed}"))
     times = [r["seconds_to_target"] for r in runs if r["seconds_to_target"] is not None]
-    print(
-        json.dumps(
-            {
-                "benchmark": "time_to_target",
-                "machine": machine(),
-                "command": "seedbed train " + " ".join(args.extra),
-                "runs": runs,
-                "reached": f"{len(times)}/{len(runs)}",
-                "median_seconds_to_target": statistics.median(times) if times else None,
-                "worst_seconds_to_target": max(times) if len(times) == len(runs) else None,
-            },
-            indent=2,
-        )
+    emit(
+        {
+            "benchmark": "time_to_target",
+            "machine": machine(),
+            "command": "seedbed train " + " ".join(args.extra),
+            "runs": runs,
+            "reached": f"{len(times)}/{len(runs)}",
+            "median_seconds_to_target": statistics.median(times) if times else None,
+            "worst_seconds_to_target": max(times) if len(times) == len(runs) else None,
+        },
+        args.out,
     )
 
 
