@@ -7,7 +7,6 @@ import dataclasses
 import html
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,22 +42,6 @@ def test_site_builds(site: Path) -> None:
         assert (site / page).is_file(), page
     api = (site / "reference/api/index.html").read_text(encoding="utf-8")
     assert "seedbed.train" in api and "Replicator" in api  # mkdocstrings rendered the docstrings
-
-
-@pytest.mark.skipif(
-    not any(map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))),
-    reason="no Chromium (Debian: apt-get install chromium)",
-)
-def test_pages_render_in_a_browser(site: Path) -> None:
-    """Each page in headless Chromium: no console error, every internal link and anchor."""
-    pytest.importorskip("websockets", reason="websockets is not installed (the dev extra has it)")
-    sys.path.insert(0, str(ROOT / "docs"))
-    try:
-        from check_site import check_site
-    finally:
-        sys.path.remove(str(ROOT / "docs"))
-    problems = check_site(site)
-    assert not problems, "\n".join(problems)
 
 
 def _all_settings() -> dict[str, type]:
@@ -97,26 +80,21 @@ def test_every_setting_is_in_the_reference(site: Path) -> None:
     assert not missing, f"not in the settings reference: {missing}"
 
 
-def test_readme_example_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The README's Python example, with training and evaluation replaced by stand-ins: its
-    settings resolve and validate, and it reads what the real summary and result hold."""
-    import seedbed.runtime.evaluate
-    import seedbed.runtime.train
-
+@pytest.mark.slow
+def test_readme_example_runs(tmp_path: Path) -> None:
+    """The README's Python example, run as a script, for real: only its frame budget is cut,
+    so it trains and evaluates in seconds rather than reaching its target."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.encode()) <= 15_000, "README.md is a front page: at most 15 KB"
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
     assert blocks, "README.md has no Python example"
-    trained = []
-
-    def train(config):
-        trained.append(config)
-        return {"run_dir": str(tmp_path), "mean_return_100": 500.0}
-
-    def evaluate(path, episodes, *args):
-        return {"mean_return": 500.0, "episodes": episodes}
-
-    monkeypatch.setattr(seedbed.runtime.train, "train", train)
-    monkeypatch.setattr(seedbed.runtime.evaluate, "evaluate", evaluate)
-    exec(compile(blocks[0], "README.md", "exec"), {"__name__": "__main__"})
-    assert trained, "the README's example trains nothing"
-    assert len(readme.encode()) <= 15_000, "README.md is a front page: at most 15 KB"
+    budget = re.compile(r"total_frames=[0-9_]+")
+    assert budget.search(blocks[0]), "the README's example sets no total_frames"
+    script = tmp_path / "example.py"
+    script.write_text(budget.sub("total_frames=20_000", blocks[0]))
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    trained, evaluated = (float(x) for x in done.stdout.split()[-2:])  # what it prints
+    assert trained > 0 and evaluated > 0  # CartPole pays 1 a step
