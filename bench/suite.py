@@ -56,9 +56,16 @@ class Task:
 TIERS: dict[str, list[Task]] = {
     "classic": [
         Task("CartPole-v1", 475, 500_000, f"{ZOO}, 100k steps", 500.0, tuned_on=True),
-        Task("Acrobot-v1", -100, 1_000_000, f"{ZOO}, 1M steps", -73.5),
+        Task("Acrobot-v1", -100, 1_000_000, f"{ZOO}, 1M steps", -73.5, tuned_on=True),
         Task("MountainCar-v0", -110, 1_000_000, f"{ZOO}, 1M steps", -110.4),
-        Task("LunarLander-v3", 200, 1_000_000, f"{ZOO} (LunarLander-v2), 1M steps", 242.1),
+        Task(
+            "LunarLander-v3",
+            200,
+            1_000_000,
+            f"{ZOO} (LunarLander-v2), 1M steps",
+            242.1,
+            tuned_on=True,
+        ),
         Task(
             "LunarLanderContinuous-v3",
             200,
