@@ -82,13 +82,14 @@ TIERS: dict[str, list[Task]] = {
             1_000_000,
             f"{ZOO} ({name}-v3), 1M steps",
             score,
+            tuned_on=tuned,
             full_budget=True,
         )
-        for name, score in (
-            ("HalfCheetah", 5819.1),
-            ("Hopper", 2410.4),
-            ("Walker2d", 3478.8),
-            ("Ant", 1327.2),
+        for name, score, tuned in (
+            ("HalfCheetah", 5819.1, True),
+            ("Hopper", 2410.4, False),
+            ("Walker2d", 3478.8, False),
+            ("Ant", 1327.2, False),
         )
     ],
     "dmc": [

@@ -16,7 +16,7 @@ def test_defaults_are_the_embedded_cartpole_run():
     assert config.train.target_return == 475.0
     assert not config.agent.normalize_obs and (config.agent.epochs, config.agent.lr) == (4, 2e-3)
     assert resolve([{"env": "atari:Pong"}]).train.agent == "ppo"
-    assert resolve([{"env": "dmc:cartpole-balance"}]).train.agent == "vtrace"  # the others'
+    assert resolve([{"env": "dmc:cartpole-balance"}]).train.agent == "ppo"  # continuous actions
     assert resolve([{"env": "HalfCheetah-v5"}]).train.agent == "ppo"
     vtrace = resolve([{"agent": "vtrace"}])  # chosen, it keeps its own settings
     assert vtrace.agent.lr == 1.4e-3 and not vtrace.agent.normalize_obs

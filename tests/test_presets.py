@@ -51,6 +51,17 @@ def test_every_row_has_an_env_here_and_every_agent_file_a_registered_agent():
     assert {path.parent.name for path in FOLDER.glob("*/*.yaml")} <= rows
 
 
+@pytest.mark.parametrize("row", sorted(set(ROW_ENVS) - {"football", "dmlab"}))
+def test_each_rows_default_agent_acts_in_its_envs(row):
+    """``seedbed train --env ID`` alone must run: the row's agent takes its env's actions
+    (Football and DeepMind Lab, optional installs, have discrete actions, as V-trace and PPO)."""
+    from seedbed.agents import check_actions
+    from seedbed.envs import make_spec
+
+    config = resolve([{"env": ROW_ENVS[row]}])
+    check_actions(config.train.agent, make_spec(ROW_ENVS[row]))
+
+
 def shown_defaults(help_text: str) -> dict[str, str]:
     """Each option's default as ``--help`` shows it, by flag."""
     shown = {}
