@@ -164,7 +164,10 @@ def interruptible() -> None:
 
 
 def finish(proc, timeout: float = 240) -> tuple[int, str, str]:
-    """Wait for a child started with text pipes; kill it and fail the test if it hangs."""
+    """Wait for a child started with text pipes, or with its output in the file ``proc.log``
+    (then returned as both stdout and stderr); kill it and fail the test if it hangs, with the
+    tails of the actor logs in ``proc.logs_dir`` where it has one, which say why a learner
+    waited."""
     import subprocess
 
     try:
@@ -172,7 +175,12 @@ def finish(proc, timeout: float = 240) -> tuple[int, str, str]:
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        pytest.fail(f"timed out; stderr: {err[-3000:]}")
+        err = err if err is not None else Path(proc.log).read_text()
+        logs = sorted(Path(getattr(proc, "logs_dir", "/nonexistent")).glob("actor-*.log"))
+        seen = "".join(f"\n--- {p.name}:\n{p.read_text()[-1500:]}" for p in logs)
+        pytest.fail(f"timed out; stderr: {err[-3000:]}{seen}")
+    if hasattr(proc, "log"):
+        out = err = Path(proc.log).read_text()
     return proc.returncode, out, err
 
 

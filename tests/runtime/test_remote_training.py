@@ -36,6 +36,7 @@ def learner(
         *("train", "--listen", listen, "--actors", "0", "--remote-actors", "2"),
         *("--run-dir", str(run_dir), "--no-progress", "--log-every-s", "0.2", *flags),
     )
+    proc.logs_dir = run_dir.parent  # where its actors' logs go (``actor``)
     address_file = run_dir / "listen_address"
     deadline = time.monotonic() + 60
     while not address_file.is_file():
@@ -46,9 +47,24 @@ def learner(
 
 
 def actor(run_dir: Path, address: str, *flags: str) -> subprocess.Popen:
-    """A remote actor with the token the learner wrote into ``run_dir``."""
+    """A remote actor with the token the learner wrote into ``run_dir``.
+
+    Its output goes to a file beside the run (``finish`` reads it back), not to a pipe: nobody
+    reads an actor's pipes while the test waits on the learner, and an actor that filled one
+    would block on its next log line and starve the learner.
+    """
     token = str(run_dir / "actor-token")
-    return start("actor", "--connect", address, "--token-file", token, *flags)
+    log = run_dir.parent / f"actor-{len(list(run_dir.parent.glob('actor-*.log')))}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "seedbed", "actor", "--connect", address, "--token-file", token]
+            + list(flags),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    proc.log, proc.logs_dir = log, run_dir.parent
+    return proc
 
 
 @pytest.mark.parametrize(
