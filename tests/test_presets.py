@@ -13,7 +13,8 @@ import yaml
 
 from seedbed.agents import AGENTS
 from seedbed.config import RunConfig
-from seedbed.presets import FOLDER
+from seedbed.errors import ConfigError
+from seedbed.presets import FOLDER, load_preset
 from seedbed.resolve import resolve, resolve_with_sources
 
 ROW_ENVS = {
@@ -77,7 +78,7 @@ def resolved_with(row: str, key: str) -> tuple[dict, dict]:
     not set ``key`` (the row's own agent for ``agent``)."""
     for agent in [None] if key == "agent" else list(AGENTS):
         own = FOLDER / row / f"{agent}.yaml"
-        if agent is None or not own.is_file() or key not in yaml.safe_load(own.read_text()):
+        if agent is None or not own.is_file() or key not in load_preset(own):
             layer = {"env": ROW_ENVS[row]} | ({"agent": agent} if agent else {})
             config, sources = resolve_with_sources([("flag", layer)])
             return flat(config), {k.rpartition(".")[2]: v for k, v in sources.items()}
@@ -88,7 +89,7 @@ def resolved_with(row: str, key: str) -> tuple[dict, dict]:
 def test_each_preset_file_is_what_its_runs_use(path):
     row_file = path.parent == FOLDER
     row = path.stem if row_file else path.parent.name
-    for key, value in yaml.safe_load(path.read_text()).items():
+    for key, value in load_preset(path).items():
         if row_file:
             values, where = resolved_with(row, key)
         else:
@@ -161,3 +162,21 @@ def test_print_config_and_help_match_what_a_run_records(tmp_path):
             continue  # sections, and the settings this run gave as flags
         text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
         assert shown.get(name.replace("_", "-"), "") == text, name  # "": none shown
+
+
+def test_a_preset_extends_another_and_its_own_settings_win(tmp_path):
+    own = tmp_path / "ppo.yaml"
+    own.write_text("extends: mujoco/ppo\nlr: 0.001\n")
+    assert load_preset(own) == load_preset(FOLDER / "mujoco" / "ppo.yaml") | {"lr": 0.001}
+
+
+@pytest.mark.parametrize(
+    "extends, says",
+    [("nowhere/ppo", "names no preset"), ("../config", "names no preset"), ("dmc/ppo", "extends")],
+)
+def test_a_preset_that_extends_nothing_or_a_chain_is_refused_in_one_line(tmp_path, extends, says):
+    own = tmp_path / "ppo.yaml"
+    own.write_text(f"extends: {extends}\n")
+    with pytest.raises(ConfigError, match=says) as raised:
+        load_preset(own)
+    assert "\n" not in str(raised.value)

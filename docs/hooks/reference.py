@@ -18,8 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 SETTINGS_PAGE = "reference/settings.md"
 CLI_PAGE = "reference/cli.md"
 
@@ -162,7 +160,9 @@ def _presets() -> list[str]:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    from seedbed.presets import load_preset
+
+    return load_preset(path)
 
 
 def cli_markdown() -> str:

@@ -9,7 +9,9 @@ folder, for the env's row (its family's name, or ``classic``/``mujoco`` for Gymn
 - ``ROW/AGENT.yaml``: what that agent changes for the row (e.g. ``atari/ppo.yaml``: its network,
   optimizer, layout and schedule). A missing file changes nothing.
 
-Each file holds flat settings, as ``--config`` files do. A user's env family may ship presets in
+Each file holds flat settings, as ``--config`` files do, and may start from another preset of
+this folder with ``extends: ROW/AGENT`` (its own settings win), so rows whose tasks are alike
+share one tuned file rather than copies of it. A user's env family may ship presets in
 a folder of its own (``EnvFamily.presets``), asked before this one; a user's agent may ship
 ``presets/ROW.yaml`` files inside its package, asked after it. ``seedbed train --env E
 --print-config`` shows where each setting of a run comes from.
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from seedbed.config import load_yaml
+from seedbed.errors import ConfigError
 
 FOLDER = Path(__file__).parent
 
@@ -53,8 +56,26 @@ def _in(folder: Path | None, name: str) -> list[Path]:
 def _first(candidates: list[Path]) -> tuple[Path | None, dict[str, Any]]:
     for path in candidates:
         if path.is_file():
-            return path, load_yaml(path)
+            return path, load_preset(path)
     return None, {}
+
+
+def load_preset(path: Path) -> dict[str, Any]:
+    """A preset file's settings, over those of the preset it ``extends`` (one level: a base
+    that extends another would hide where a value comes from)."""
+    settings = load_yaml(path)
+    base = settings.pop("extends", None)
+    if base is None:
+        return settings
+    base_path = FOLDER / f"{base}.yaml"
+    if not isinstance(base, str) or ".." in base or not base_path.is_file():
+        raise ConfigError(
+            f"preset {path}: extends: {base!r} names no preset; give ROW or ROW/AGENT of {FOLDER}"
+        )
+    base_settings = load_yaml(base_path)
+    if "extends" in base_settings:
+        raise ConfigError(f"preset {path}: extends {base}, which extends another; name that one")
+    return base_settings | settings
 
 
 def describe(path: Path | None) -> str:
