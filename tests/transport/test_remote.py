@@ -25,16 +25,22 @@ from seedbed.transport.remote import (
     GrpcActorClient,
     Refused,
 )
+from seedbed.transport.remote.gateway_process import GatewayProcesses
 from seedbed.transport.shm import SharedMemoryServer
 
 ENVS, OBS = 3, (4,)
 TOKEN = b"s3cret"  # every listener needs one, loopback and Unix sockets included
 
 
+#: Parametrize a test over the gateway in this process (1) and in two processes (2).
+each_gateway = pytest.mark.parametrize("gateways", [1, 2], ids=["in-process", "2-processes"])
+
+
 class Learner:
     """A gateway with two slots over a shared-memory server; actions are env_id * 10 + t, or
     with ``action_shape`` float32 vectors of that plus 0.5, 1.0, ... (continuous actions).
-    ``gateway_options`` go to the ``ActorGateway`` as they are."""
+    ``gateways``: 1, an ``ActorGateway`` in this process; more, ``GatewayProcesses``.
+    ``gateway_options`` go to the gateway as they are."""
 
     def __init__(
         self,
@@ -42,6 +48,7 @@ class Learner:
         tls=None,
         address: str = "127.0.0.1:0",
         action_shape: tuple = (),
+        gateways: int = 1,
         **gateway_options,
     ):
         dtype = "float32" if action_shape else "int64"
@@ -49,17 +56,24 @@ class Learner:
         self.server = SharedMemoryServer(
             2, ENVS, OBS, "float32", multiprocessing.get_context(), action_shape, dtype
         )
-        self.gateway = ActorGateway(
-            address,
-            [0, 1],
-            functools.partial(self.server.connect, in_process=True),
-            lambda slot, n: Assignment(
-                "CartPole-v1", ENVS, n, None, slot, "<f4", OBS, dtype, action_shape
-            ),
-            token=token,
-            tls=tls,
-            **gateway_options,
-        )
+
+        def assign(slot: int, n: int) -> Assignment:
+            return Assignment("CartPole-v1", ENVS, n, None, slot, "<f4", OBS, dtype, action_shape)
+
+        if gateways > 1:
+            self.gateway = GatewayProcesses(
+                gateways, address, [0, 1], self.server, assign, token, tls, **gateway_options
+            )
+        else:
+            self.gateway = ActorGateway(
+                address,
+                [0, 1],
+                functools.partial(self.server.connect, in_process=True),
+                assign,
+                token=token,
+                tls=tls,
+                **gateway_options,
+            )
         self.run_ids: dict[int, set[int]] = {0: set(), 1: set()}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._answer, daemon=True)
