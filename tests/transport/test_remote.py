@@ -8,14 +8,21 @@ import functools
 import ipaddress
 import logging
 import multiprocessing
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
+import psutil
 import pytest
 
+from seedbed.errors import SeedbedError
 from seedbed.transport.proto import actor_pb2 as pb
 from seedbed.transport.remote import (
     METHOD,
@@ -120,6 +127,13 @@ def known_actions(env_ids: np.ndarray, t: np.ndarray, action_shape: tuple = ()) 
     return (base[:, None] + fractions).reshape(-1, *action_shape).astype(np.float32)
 
 
+def settle(lr: Learner) -> None:
+    """Let gateway processes' refusals and log lines reach this process (the in-process
+    gateway's are here already)."""
+    if isinstance(lr.gateway, GatewayProcesses):
+        lr.gateway.sync()
+
+
 def steps(client: GrpcActorClient, n: int, t0: int = 0) -> None:
     """``n`` calls whose answers must be exactly the known actions of the client's slot."""
     env_ids = client.assignment.slot * ENVS + np.arange(ENVS)
@@ -133,8 +147,9 @@ def steps(client: GrpcActorClient, n: int, t0: int = 0) -> None:
         np.testing.assert_array_equal(actions, want)
 
 
-def test_steps_round_trip_and_a_reconnect_is_a_new_run(learner):
-    lr = learner()
+@each_gateway
+def test_steps_round_trip_and_a_reconnect_is_a_new_run(learner, gateways):
+    lr = learner(gateways=gateways)
     first = GrpcActorClient(lr.gateway.address, token=TOKEN)
     assert first.assignment.env_id == "CartPole-v1" and first.assignment.num_envs == ENVS
     steps(first, 20)
@@ -156,8 +171,9 @@ def test_continuous_actions_travel_as_float32_vectors(learner):
     client.close()
 
 
-def test_all_slots_taken_refuses_the_next_actor(learner):
-    lr = learner()
+@each_gateway
+def test_all_slots_taken_refuses_the_next_actor(learner, gateways):
+    lr = learner(gateways=gateways)
     clients = [GrpcActorClient(lr.gateway.address, token=TOKEN) for _ in range(2)]
     with pytest.raises(ConnectionError, match="slots are taken"):
         GrpcActorClient(lr.gateway.address, token=TOKEN)
@@ -165,14 +181,16 @@ def test_all_slots_taken_refuses_the_next_actor(learner):
         c.close()
 
 
+@each_gateway
 @pytest.mark.parametrize("sent", [None, b"not-the-token"], ids=["missing", "wrong"])
-def test_a_client_without_the_right_token_is_refused(learner, sent):
-    lr = learner(token=b"s3cret\n")
+def test_a_client_without_the_right_token_is_refused(learner, sent, gateways):
+    lr = learner(token=b"s3cret\n", gateways=gateways)
     with pytest.raises(Refused, match="token"):
         GrpcActorClient(lr.gateway.address, token=sent)
     good = GrpcActorClient(lr.gateway.address, token=TOKEN)
     steps(good, 3)
     good.close()
+    settle(lr)
     assert len(lr.gateway.rejected) == 1 and lr.gateway.rejected_total == 1
 
 
@@ -252,14 +270,16 @@ def _step_with_done(done: bytes) -> bytes:
     ],
     ids=["garbage", "wrong-shape", "short-data", "oversized", "old-protocol", "bool-byte-2"],
 )
+@each_gateway
 def test_a_bad_message_is_refused_and_everyone_else_is_still_served(
-    learner, messages, reason, caplog
+    learner, messages, reason, caplog, gateways
 ):
-    lr = learner()
+    lr = learner(gateways=gateways)
     good = GrpcActorClient(lr.gateway.address, token=TOKEN)
     steps(good, 3)
     with caplog.at_level(logging.WARNING, logger="seedbed.transport.remote"):
         code, details = _raw_stream(lr.gateway.address, *messages)
+        settle(lr)
     assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
     assert re.search(reason, details), details
     assert any("refused actor" in r.getMessage() for r in caplog.records)
@@ -267,12 +287,14 @@ def test_a_bad_message_is_refused_and_everyone_else_is_still_served(
     good.close()
 
 
-def test_an_actors_name_is_logged_printable_and_bounded(learner, caplog):
-    lr = learner()
+@each_gateway
+def test_an_actors_name_is_logged_printable_and_bounded(learner, caplog, gateways):
+    lr = learner(gateways=gateways)
     name = "evil\nINFO forged line\x1b[31m" + "x" * 10_000
     hello = pb.ActorMessage(hello=pb.Hello(protocol=PROTOCOL, actor_name=name))
     with caplog.at_level(logging.INFO, logger="seedbed.transport.remote"):
         _raw_stream(lr.gateway.address, hello.SerializeToString())
+        settle(lr)
     lines = [r.getMessage() for r in caplog.records if "connected to slot" in r.getMessage()]
     assert len(lines) == 1, lines
     assert "\n" not in lines[0] and "\x1b" not in lines[0] and len(lines[0]) < 200
@@ -313,9 +335,10 @@ def _self_signed() -> tuple[bytes, bytes]:
     return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
-def test_tls_with_a_self_signed_certificate(learner):
+@each_gateway
+def test_tls_with_a_self_signed_certificate(learner, gateways):
     cert, key = _self_signed()
-    lr = learner(tls=(cert, key), token=b"tok")
+    lr = learner(tls=(cert, key), token=b"tok", gateways=gateways)
     client = GrpcActorClient(lr.gateway.address, token=b"tok", tls_ca=cert)
     steps(client, 5)
     client.close()
@@ -330,7 +353,8 @@ def test_unix_socket(learner, tmp_path):
     client.close()
 
 
-def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks):
+@each_gateway
+def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks, gateways):
     """Local inference over gRPC: steps carry the acted fields into shared memory; the policy
     comes with the assignment and again before the answer once the learner posts a newer one."""
     from seedbed.transport.board import SharedMemoryBoard
@@ -343,14 +367,19 @@ def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks):
     board.post(b"policy one", 1)
     local = {"agent": "vtrace", "agent_config": {}, "num_envs": 2 * ENVS, "first_env": 0}
     local["acted"] = [list(f) for f in acted_fields]
-    gateway = ActorGateway(
-        "127.0.0.1:0",
-        [0, 1],
-        functools.partial(server.connect, in_process=True),
-        lambda slot, n: Assignment("CartPole-v1", ENVS, n, None, slot, "<f4", OBS, local=local),
-        token=TOKEN,
-        board=board.handle,
-    )
+
+    def assign(slot: int, n: int) -> Assignment:
+        return Assignment("CartPole-v1", ENVS, n, None, slot, "<f4", OBS, local=local)
+
+    if gateways > 1:  # the processes read the shared-memory board themselves
+        gateway = GatewayProcesses(
+            gateways, "127.0.0.1:0", [0, 1], server, assign, TOKEN, board=board.handle
+        )
+    else:
+        connect = functools.partial(server.connect, in_process=True)
+        gateway = ActorGateway(
+            "127.0.0.1:0", [0, 1], connect, assign, token=TOKEN, board=board.handle
+        )
     received, stop = [], threading.Event()
 
     def answer() -> None:
@@ -392,3 +421,78 @@ def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks):
         server.close()
         gateway.stop(0)
         board.close()
+
+
+def test_both_gateway_processes_serve_and_the_learner_keeps_the_slots(learner):
+    """Connections spread over the processes (the kernel deals them); wherever an actor lands
+    it gets one of the learner's slots, and its steps reach the same rows."""
+    lr = learner(gateways=2)
+    tries = 0
+    while min(lr.gateway.served) == 0 and tries < 40:  # all 40 in one process: 2**-39
+        client = GrpcActorClient(lr.gateway.address, token=TOKEN)
+        steps(client, 3)
+        client.close()
+        tries += 1
+    assert min(lr.gateway.served) > 0 and sum(lr.gateway.served) == tries
+    held = [GrpcActorClient(lr.gateway.address, token=TOKEN) for _ in range(2)]
+    assert {c.assignment.slot for c in held} == {0, 1}
+    with pytest.raises(ConnectionError, match="slots are taken"):  # in whichever process
+        GrpcActorClient(lr.gateway.address, token=TOKEN)
+    for i, client in enumerate(held):
+        steps(client, 3, t0=i)
+        client.close()
+    assert lr.gateway.connections == tries + 2
+
+
+def test_gateway_processes_refuse_a_unix_socket(no_leaks):
+    server = SharedMemoryServer(1, ENVS, OBS, "float32", multiprocessing.get_context())
+    try:
+        with pytest.raises(SeedbedError, match="Unix socket cannot be shared"):
+            GatewayProcesses(2, "unix:/tmp/x.sock", [0], server, lambda s, n: None, TOKEN)
+    finally:
+        server.close()
+
+
+def test_a_killed_gateway_process_is_one_line_and_the_rest_stop(learner):
+    failures: list[BaseException] = []
+    lr = learner(gateways=2, on_failure=failures.append)
+    client = GrpcActorClient(lr.gateway.address, token=TOKEN)
+    steps(client, 3)
+    victim = lr.gateway.pids[1]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not failures:
+        assert time.monotonic() < deadline, "the dead gateway process went unnoticed"
+        time.sleep(0.05)
+    (error,) = failures
+    assert str(error).startswith(f"gateway process 1 (pid {victim}) exited with code -9")
+    assert "\n" not in str(error)
+    client.close()
+    started = time.monotonic()
+    lr.close()  # the other process stops; no_leaks finds none left
+    assert time.monotonic() - started < 15
+
+
+_ORPHANED = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from tests.transport.test_remote import Learner
+if __name__ == "__main__":
+    lr = Learner(gateways=2)
+    print(*lr.gateway.pids, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_gateway_processes_never_outlive_their_learner(tmp_path, no_leaks):
+    script = tmp_path / "learner.py"
+    script.write_text(_ORPHANED.format(root=str(Path(__file__).resolve().parents[2])))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        proc.kill()  # no goodbye: the learner is gone at once
+        proc.wait()
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 10)
+    assert not alive, f"gateway processes outlived their learner: {[p.pid for p in alive]}"
