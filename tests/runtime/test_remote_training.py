@@ -198,13 +198,11 @@ def test_a_remote_actor_trains_through_two_gateway_processes(tmp_path, no_leaks)
 
 
 def _gateway_processes(learner_pid: int) -> list[psutil.Process]:
-    """The learner's spawned children: with --actors 0 and no update process, its gateways."""
-    found = []
-    for child in psutil.Process(learner_pid).children():
-        line = " ".join(child.cmdline())
-        if "spawn_main" in line and "resource_tracker" not in line:
-            found.append(child)
-    return found
+    """The learner's gateway processes, by the name they give themselves, in index order."""
+    from seedbed.transport.remote.gateway_process import PROCESS_NAME
+
+    found = [p for p in psutil.Process(learner_pid).children() if p.name().startswith(PROCESS_NAME)]
+    return sorted(found, key=lambda p: p.name())
 
 
 def test_a_killed_gateway_process_stops_the_run_in_one_line(tmp_path, no_leaks):

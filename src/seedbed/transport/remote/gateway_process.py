@@ -68,6 +68,7 @@ _ANSWER_TIMEOUT_S = 30.0  # the learner answers a request for a slot within this
 _STOP_WAIT_S = 10.0  # past the grace: a process that has not exited by then is killed
 # Per process, in shared memory: connections served, streams refused, actors disconnected.
 _CONNECTIONS, _REFUSED, _DISCONNECTED = range(3)
+PROCESS_NAME = "seedbed-gw"  # a gateway process's name in ps and /proc/PID/comm, and its index
 _REASONS_EVERY_S = 10.0  # a process sends at most _REASONS_KEPT refusal reasons in this time
 
 
@@ -523,9 +524,20 @@ class ProcessGateway(ActorGateway):
             block.close()
 
 
+def _name_process(name: str) -> None:
+    """Show this process as ``name`` in ps, top and /proc/PID/comm (Linux; else nothing)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def serve(setup: _Setup, control: Connection) -> None:
     """A gateway process's body: serve until the learner says stop or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when this stops
+    _name_process(f"{PROCESS_NAME}{setup.index}"[:15])
     lock = threading.Lock()
 
     def send(message: tuple) -> None:
