@@ -170,6 +170,8 @@ class GatewayProcesses:
                 self._spawn(ctx, dataclasses.replace(setup, address=self.address))
         except BaseException:
             self._kill()
+            for control in self._controls:
+                control.close()
             raise
         self.max_per_peer = len(slots) + 16  # per process, as ActorGateway's
         self._watcher.start()
@@ -358,7 +360,8 @@ class GatewayProcesses:
             )
 
     def _fail(self, error: BaseException) -> None:
-        if self.error is None:
+        """The run's error, once; none while stopping (processes then end on purpose)."""
+        if self.error is None and not self._stopping.is_set():
             self.error = error
             log.error("%s", error)
             if self._on_failure is not None:
@@ -382,6 +385,8 @@ class _ControlLog(logging.Handler):
                 record.exc_text = logging.Formatter().formatException(record.exc_info)
             record.exc_info = None
             self._send_message(("log", record))
+        except OSError:
+            pass  # the learner is gone: this process is stopping, with no one to tell
         except Exception:  # a log line must never end a stream
             self.handleError(record)
 
