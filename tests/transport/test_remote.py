@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -450,6 +451,18 @@ def test_gateway_processes_refuse_a_unix_socket(no_leaks):
         with pytest.raises(SeedbedError, match="Unix socket cannot be shared"):
             GatewayProcesses(2, "unix:/tmp/x.sock", [0], server, lambda s, n: None, TOKEN)
     finally:
+        server.close()
+
+
+def test_gateway_processes_refuse_a_port_in_use(no_leaks):
+    server = SharedMemoryServer(1, ENVS, OBS, "float32", multiprocessing.get_context())
+    taken = socket.create_server(("127.0.0.1", 0))
+    try:
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(SeedbedError, match="cannot listen there"):
+            GatewayProcesses(2, address, [0], server, lambda s, n: None, TOKEN)
+    finally:
+        taken.close()
         server.close()
 
 

@@ -38,6 +38,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -127,6 +128,7 @@ class GatewayProcesses:
             )
         if not slots:
             raise ValueError("GatewayProcesses needs at least one slot")
+        _check_port_free(address)
         self._transport, self._assign, self._on_failure = transport, assign, on_failure
         self._free = collections.deque(slots)
         self._held: dict[int, int] = {}  # slot -> the process that holds it
@@ -366,6 +368,26 @@ class GatewayProcesses:
             log.error("%s", error)
             if self._on_failure is not None:
                 self._on_failure(error)
+
+
+def _check_port_free(address: str) -> None:
+    """Refuse a port that something listens on already: SO_REUSEPORT would let the processes
+    bind it beside another learner of this user, and actors would land in either run."""
+    host, port = address.rsplit(":", 1)
+    if int(port) == 0:
+        return  # the first process picks a free one
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+    except OSError:
+        return  # the process's own bind says why
+    family, kind, proto, _, where = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        try:
+            probe.bind(where)
+        except OSError as error:
+            raise SeedbedError(
+                f"--listen {address}: cannot listen there ({error.strerror})"
+            ) from None
 
 
 # --- a gateway process ------------------------------------------------------------------------
