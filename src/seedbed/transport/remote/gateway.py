@@ -190,6 +190,7 @@ class ActorGateway:
         probe = assign(slots[0], 0) if slots else None
         self._max_bytes = _HEADROOM + (self._step_bytes(probe) if probe else 0)
         self.error: BaseException | None = None  # what ended the event loop, if anything did
+        self._replies: dict[int, _ReplyPipe] = {}  # per open client, by id
         self._on_failure = on_failure
         self._share_port = share_port
         self._loop = asyncio.new_event_loop()
@@ -327,6 +328,9 @@ class ActorGateway:
             if not connections:
                 del self._peers[host]
             if client is not None:
+                replies = self._replies.pop(id(client), None)
+                if replies is not None:
+                    replies.close()
                 client.close()
             if slot is not None:
                 self._release(slot)
@@ -477,14 +481,49 @@ class ActorGateway:
     ) -> np.ndarray:
         """``client.call`` without blocking the loop: await the reply pipe, then collect."""
         client.submit(*arrays, acted)
-        answered = self._loop.create_future()
-        fd = client.reply_fd
-        self._loop.add_reader(fd, lambda: answered.done() or answered.set_result(None))
-        try:
-            await answered
-        finally:
-            self._loop.remove_reader(fd)
+        replies = self._replies.get(id(client))
+        if replies is None:
+            replies = self._replies[id(client)] = _ReplyPipe(self._loop, client.reply_fd)
+        await replies.answered()
         return client.collect()
+
+
+class _ReplyPipe:
+    """Wakes a stream's handler when its reply pipe turns readable. The reader stays on the
+    loop while the stream lives: adding and removing it per step costs two epoll calls."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        self._loop, self._fd = loop, fd
+        self._waiter: asyncio.Future | None = None
+        self._watching = False
+        self._unwaited = 0  # calls in a row with no step waiting
+
+    async def answered(self) -> None:
+        """Return once the pipe holds the answer (or its end: ``collect`` then says so)."""
+        self._waiter, self._unwaited = self._loop.create_future(), 0
+        if not self._watching:
+            self._loop.add_reader(self._fd, self._ready)
+            self._watching = True
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _ready(self) -> None:
+        if self._waiter is None:
+            # Once: the answer's own wake-up, queued before the handler read it. Again: the
+            # pipe is at its end (the learner closed) and would wake the loop until the next
+            # step, so let go of it.
+            self._unwaited += 1
+            if self._unwaited > 1:
+                self.close()
+        elif not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def close(self) -> None:
+        if self._watching:
+            self._loop.remove_reader(self._fd)
+            self._watching = False
 
 
 _TIMED_OUT = object()
