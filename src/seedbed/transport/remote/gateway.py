@@ -21,6 +21,9 @@ actor whose steps carry non-finite values ``REFUSED_IN_A_ROW`` times in a row is
 With local inference the actor acts itself: its steps carry what it acted (as actor processes
 write it into their rows), and the gateway sends it each newer policy from the learner's policy
 board before answering a step.
+
+``gateway_process`` runs this gateway in processes of their own (``--gateways K``); there a
+subclass takes each slot from the learner (``_take_slot``, ``_release``), and the rest is this.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ import numpy as np
 from seedbed.errors import SeedbedError
 from seedbed.transport.board import BoardHandle
 from seedbed.transport.remote.gateway import (
+    _COURTESIES,
     _REASONS_KEPT,
     HELLO_TIMEOUT_S,
     IDLE_TIMEOUT_S,
@@ -175,7 +176,7 @@ class GatewayProcesses:
             for control in self._controls:
                 control.close()
             raise
-        self.max_per_peer = len(slots) + 16  # per process, as ActorGateway's
+        self.max_per_peer = len(slots) + _COURTESIES  # per process, as ActorGateway's
         self._watcher.start()
 
     def _spawn(self, ctx: Any, setup: _Setup) -> str:
