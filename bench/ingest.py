@@ -1,22 +1,31 @@
-"""Ingest: what one remote actor's step costs the learner, with N simulated remote actors.
+"""Ingest: what one remote actor's step costs the learner's host, with N simulated remote actors.
 
-A real learner (``seedbed train --listen 127.0.0.1:0 --actors 0 --remote-actors N``: the gRPC
-gateway, central inference, unroll building and a learner taking batches) serves N simulated
+A real learner (``seedbed train --listen 127.0.0.1:0 --actors 0 --remote-actors N --gateways
+K``: the gRPC gateway, in the learner's process with K = 1 or in K processes, central
+inference, unroll building and a learner taking batches) serves N simulated
 remote actors: one or two processes (``--sim-processes``) holding N streams, each a
 ``GrpcActorClient`` as ``seedbed actor --connect`` has (the token, the hello, the assignment),
 sending pre-built steps of the assigned shape and waiting for each step's actions, as actors do.
 Nothing steps an environment: the actors' CPU is theirs and is not counted.
 
-For each size (``--sizes``) and each N (``--actors-list``) it prints, as one JSON on stdout (a
-line per point), over a window of ``--seconds`` after ``--warmup-s``:
+For each size (``--sizes``), E (``--envs-per-actor``, by default the size's own list), K
+(``--gateways-list``) and N (``--actors-list``) it prints, as one JSON on stdout (a line per
+point), over a window of ``--seconds`` after ``--warmup-s``:
 
+- ``size``, ``envs``, ``actors``, ``gateways``;
 - ``steps_per_s`` (a step is one actor's message: one step of its E envs) and ``frames_per_s``
   (E x steps; frames are env steps here, no frame skip);
+- ``us_per_frame``: the CPU of the learner's host per frame: the learner process and every
+  process under it (gateway processes, an update process, multiprocessing's helpers), user and
+  system time from ``/proc``, the simulated actors (the bench's own processes) left out;
+  ``host_cpu_us_per_step`` and ``host_cpu_cores`` the same per step and in cores, and
+  ``host_cpu_share`` how it splits (``learner``, ``gateways``, ``other``);
+- ``lost``: 0 when nothing was lost (the accounting below), else how many frames were;
 - ``bytes_per_step`` and ``bytes_per_reply``: the protobuf messages with gRPC's 5-byte prefix
   (HTTP/2 and TCP framing not counted);
-- the learner process's CPU (``/proc/PID/stat``, all its threads) per step and per frame, and
-  the share of it its main thread (the learner loop) took; the rest (``ingest_cpu_us_per_step``)
-  is the gateway, gRPC and the inference thread (acting and unroll building);
+- the learner process's own CPU (all its threads) per step and per frame, and the share of it
+  its main thread (the learner loop) took; the rest (``ingest_cpu_us_per_step``) is the
+  in-process gateway, gRPC and the inference thread (acting and unroll building);
 - the round trip of a step as a simulated actor sees it (``latency_ms``: p50, p90, p99), which
   includes that actor's own process sharing the interpreter among its N / P streams;
 - ``accounting``: whether anything was lost (below);
@@ -27,8 +36,8 @@ line per point), over a window of ``--seconds`` after ``--warmup-s``:
   docs/benchmarks.md: CartPole 126,550 env steps/s at 32 envs, Atari 2,982 agent steps/s at 8
   envs with EnvPool) plus one round trip without load (``round_trip_alone_ms``: the median of
   one actor stepping alone for ``--probe-s`` before the others start). Machines =
-  (1e6 / us per step) x (E / actor_steps_per_s + round trip alone). ``estimates`` gives it for
-  each size at its largest N, with its inputs; stderr says it in words.
+  (1e6 / host us per step) x (E / actor_steps_per_s + round trip alone). ``estimates`` gives
+  it for each size, E and K at its largest N, with its inputs; stderr says it in words.
 
 Sizes: ``cartpole`` (CartPole-v1's spec: 4 float32), ``atari`` (uint8 4x84x84, the 4 stacked
 frames seedbed's Atari sends) and ``atari1`` (uint8 1x84x84: the bytes ``--frame-stack-on
@@ -54,7 +63,8 @@ has been idle for a moment. Then, with E envs per actor, T steps per unroll, B u
   largest divisor of E up to 32), so built is a whole number of batches: the learner's frames
   == learner steps x B x T exactly, and a single lost unroll shows.
 
-    python bench/ingest.py                                   # every size, N = 8, 32, 128, 256
+    python bench/ingest.py                    # every size, N = 8, 32, 128, 256, K = 1 and 4
+    python bench/ingest.py --sizes atari1 --actors-list 256 --gateways-list 1,8
     python bench/ingest.py --sizes cartpole --actors-list 4 --seconds 3
 """
 
@@ -90,21 +100,23 @@ class Size:
     """What the actors send: the learner's env id gives the observation's shape and dtype."""
 
     env: str
-    envs_per_actor: int  # seedbed's default for that env family
-    actor_steps_per_s: float  # one actor core's raw env steps/s at those envs (benchmarks.md)
+    envs_per_actor: tuple[int, ...]  # seedbed's default for that env family first
+    actor_steps_per_s: float  # one actor core's raw env steps/s at the first (benchmarks.md)
     what: str
 
 
 SIZES = {
-    "cartpole": Size("CartPole-v1", 32, 126_550, "float32 [4]"),
-    "atari": Size(f"ingest_envs:{STACKED_ID}", 8, 2_982, "uint8 [4, 84, 84], 4 stacked frames"),
-    "atari1": Size(f"ingest_envs:{NEWEST_ID}", 8, 2_982, "uint8 [1, 84, 84], --frame-stack 1"),
+    "cartpole": Size("CartPole-v1", (32,), 126_550, "float32 [4]"),
+    "atari": Size(f"ingest_envs:{STACKED_ID}", (8,), 2_982, "uint8 [4, 84, 84], 4 stacked frames"),
+    "atari1": Size(
+        f"ingest_envs:{NEWEST_ID}", (8, 32), 2_982, "uint8 [1, 84, 84], --frame-stack 1"
+    ),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Point:
-    """One measurement: a size, N actors of E envs, the learner's T and B."""
+    """One measurement: a size, N actors of E envs, K gateways, the learner's T and B."""
 
     name: str
     size: Size
@@ -112,17 +124,53 @@ class Point:
     envs: int
     unroll: int
     batch: int
+    gateways: int = 1
 
 
 # --- the learner (a `seedbed train` process) --------------------------------------------------
 
 
-def _cpu_s(stat: str) -> float:
-    """User + system CPU seconds from a ``/proc/.../stat`` file."""
+def _stat_fields(stat: str) -> list[str]:
+    """A ``/proc/.../stat`` file's fields after the command name (which may hold spaces)."""
     with open(stat) as f:
         text = f.read()
-    fields = text[text.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _cpu_s(stat: str) -> float:
+    """User + system CPU seconds from a ``/proc/.../stat`` file."""
+    fields = _stat_fields(stat)
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under ``pid``, from ``/proc``'s parent ids."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                parent = int(_stat_fields(f"/proc/{name}/stat")[1])
+            except (OSError, ValueError, IndexError):
+                continue  # ended meanwhile
+            children.setdefault(parent, []).append(int(name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _part(pid: int, learner: int) -> str:
+    """Which part of the learner's host ``pid`` is: its gateway processes name themselves."""
+    if pid == learner:
+        return "learner"
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            name = f.read().strip()
+    except OSError:
+        return "other"
+    return "gateways" if name.startswith("seedbed-gw") else "other"  # gateway_process's name
 
 
 class Learner:
@@ -158,6 +206,17 @@ class Learner:
         """CPU seconds so far: the whole process's (every thread), and its main thread's."""
         pid = self.proc.pid
         return _cpu_s(f"/proc/{pid}/stat"), _cpu_s(f"/proc/{pid}/task/{pid}/stat")
+
+    def host_cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the learner and every process under it, by part (``_part``);
+        the simulated actors are the bench's children, not the learner's."""
+        seconds = {"learner": 0.0, "gateways": 0.0, "other": 0.0}
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            try:
+                seconds[_part(pid, self.proc.pid)] += _cpu_s(f"/proc/{pid}/stat")
+            except OSError:
+                continue  # ended meanwhile
+        return seconds
 
     def runnable_threads(self) -> int:
         """How many of its threads run or wait for a core now (state R)."""
@@ -213,6 +272,7 @@ def learner_flags(point: Point, args: Any, tmp: Path) -> list[str]:
     return [
         *("--env", point.size.env, "--agent", "vtrace", "--hidden-sizes", args.hidden_sizes),
         *("--actors", "0", "--listen", "127.0.0.1:0", "--remote-actors", str(point.actors)),
+        *("--gateways", str(point.gateways)),
         *("--token-file", str(tmp / "token"), "--envs-per-actor", str(point.envs)),
         *("--unroll", str(point.unroll), "--batch", str(point.batch)),
         *("--threads", "1", "--learner-threads", "1"),
@@ -233,11 +293,13 @@ class Snapshot:
     cpu_s: float
     main_thread_s: float
     answered: int
+    host_s: dict[str, float]  # ``Learner.host_cpu``
 
     @classmethod
     def take(cls, learner: Learner, shared: Shared) -> Snapshot:
         cpu, main = learner.cpu()
-        return cls(time.perf_counter(), cpu, main, sum(shared.answered))
+        host = learner.host_cpu()
+        return cls(time.perf_counter(), cpu, main, sum(shared.answered), host)
 
 
 def largest_divisor(n: int, at_most: int) -> int:
@@ -310,6 +372,8 @@ def run_point(point: Point, args: Any) -> dict:
     books["errors"] = [e for out in outs for e in out["errors"]][:5]
     books["every_actor_reported"] = len(outs) == len(sims)
     books["nothing_lost"] &= books["every_actor_reported"] and not books["errors"]
+    if not books["nothing_lost"]:  # an actor that never reported lost what it did not say
+        books["frames_lost"] = max(books["frames_lost"], 1)
     return row(point, before, after, outs, books)
 
 
@@ -341,6 +405,11 @@ def account(
         and books["frames_counted_by_learner"] == books["frames_expected"]
         and books["unrolls_learned"] == built - waiting
     )
+    books["frames_lost"] = (
+        envs * abs(books["steps_sent"] - books["steps_answered"])
+        + abs(books["frames_expected"] - books["frames_counted_by_learner"])
+        + unroll * abs(books["unrolls_learned"] - (built - waiting))
+    )
     return books
 
 
@@ -362,16 +431,28 @@ def row(point: Point, before: Snapshot, after: Snapshot, outs: list[dict], books
     latencies = np.concatenate([out["latencies"] for out in outs] or [np.zeros(0)])
     alone = np.concatenate([out["alone"] for out in outs] or [np.zeros(0)])
     us_per_step = 1e6 * cpu / steps
+    host = {k: max(0.0, after.host_s[k] - before.host_s.get(k, 0.0)) for k in after.host_s}
+    host_cpu = sum(host.values())
+    host_us_per_step = 1e6 * host_cpu / steps
     alone_ms = round(float(np.median(alone)) * 1e3, 2) if len(alone) else None
     return {
         "size": point.name,
+        "envs": point.envs,
         "actors": point.actors,
+        "gateways": point.gateways,
+        "steps_per_s": round(steps / seconds, 1),
+        "frames_per_s": round(steps * point.envs / seconds),
+        "us_per_frame": round(host_us_per_step / point.envs, 2),
+        "lost": books["frames_lost"],
+        "host_cpu_us_per_step": round(host_us_per_step, 1),
+        "host_cpu_cores": round(host_cpu / seconds, 3),
+        "host_cpu_share": {
+            k: round(v / host_cpu, 3) if host_cpu else None for k, v in host.items()
+        },
         "envs_per_actor": point.envs,
         "obs": wire.get("obs"),
         "batch": point.batch,
         "seconds": round(seconds, 2),
-        "steps_per_s": round(steps / seconds, 1),
-        "frames_per_s": round(steps * point.envs / seconds),
         "bytes_per_step": wire.get("request"),
         "bytes_per_reply": wire.get("reply"),
         "learner_cpu_cores": round(cpu / seconds, 3),
@@ -381,7 +462,7 @@ def row(point: Point, before: Snapshot, after: Snapshot, outs: list[dict], books
         "ingest_cpu_us_per_step": round(1e6 * (cpu - loop_s) / steps, 1),
         "latency_ms": percentiles_ms(latencies),
         "round_trip_alone_ms": alone_ms,
-        "actor_machines_per_learner_core": machines_per_core(point, us_per_step, alone_ms),
+        "actor_machines_per_learner_core": machines_per_core(point, host_us_per_step, alone_ms),
         "accounting": books,
     }
 
@@ -398,19 +479,25 @@ def machines_per_core(
 
 
 def estimates(points: list[dict]) -> list[dict]:
-    """For each size, the estimate at its largest N, with what it assumed."""
+    """For each size, E and K, the estimate at its largest N, with what it assumed (CPU of
+    the learner's whole host)."""
     out = []
-    for name in dict.fromkeys(p["size"] for p in points):
-        p = max((p for p in points if p["size"] == name), key=lambda p: p["actors"])
-        envs, size = p["envs_per_actor"], SIZES[name]
+    for name, envs, gateways in dict.fromkeys(
+        (p["size"], p["envs"], p["gateways"]) for p in points
+    ):
+        same = [
+            p for p in points if (p["size"], p["envs"], p["gateways"]) == (name, envs, gateways)
+        ]
+        p, size = max(same, key=lambda p: p["actors"]), SIZES[name]
         out.append(
             {
                 "size": name,
                 "at_actors": p["actors"],
                 "envs_per_actor": envs,
-                "learner_cpu_us_per_step": p["learner_cpu_us_per_step"],
-                "steps_per_s_per_learner_core": round(1e6 / p["learner_cpu_us_per_step"]),
-                "frames_per_s_per_learner_core": round(1e6 / p["learner_cpu_us_per_frame"]),
+                "gateways": gateways,
+                "host_cpu_us_per_step": p["host_cpu_us_per_step"],
+                "steps_per_s_per_learner_core": round(1e6 / max(p["host_cpu_us_per_step"], 1e-3)),
+                "frames_per_s_per_learner_core": round(1e6 / max(p["us_per_frame"], 1e-3)),
                 "actor_steps_per_s_assumed": size.actor_steps_per_s,
                 "actor_stepping_ms": round(1e3 * envs / size.actor_steps_per_s, 3),
                 "round_trip_alone_ms": p["round_trip_alone_ms"],
@@ -440,7 +527,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="measured window per point")
     p.add_argument("--probe-s", type=float, default=1.0, help="one actor alone, first")
     p.add_argument("--warmup-s", type=float, default=2.0, help="all actors, before the window")
-    p.add_argument("--envs-per-actor", type=int, default=None, help="E (default: per size)")
+    p.add_argument("--envs-per-actor", default=None, help="E, a list (default: per size)")
+    p.add_argument("--gateways-list", default="1,4", help="K: --gateways (1: in the learner)")
     p.add_argument("--batch", type=int, default=None, help="B; must divide E")
     p.add_argument("--unroll", type=int, default=16, help="T")
     p.add_argument("--hidden-sizes", default="1", help="the learner's MLP")
@@ -458,21 +546,29 @@ def main() -> None:
             SIZES[s] = dataclasses.replace(SIZES[s], actor_steps_per_s=args.actor_steps_per_s)
     plan = []
     for name in sizes:
-        envs = args.envs_per_actor or SIZES[name].envs_per_actor
-        batch = args.batch or largest_divisor(envs, 32)
-        if envs % batch:
-            p.error(f"--batch {batch} must divide E = {envs} (the accounting needs it)")
-        for n in args.actors_list.split(","):
-            plan.append(Point(name, SIZES[name], int(n), envs, args.unroll, batch))
+        given = args.envs_per_actor
+        for envs in [int(e) for e in given.split(",")] if given else SIZES[name].envs_per_actor:
+            batch = args.batch or largest_divisor(envs, 32)
+            if envs % batch:
+                p.error(f"--batch {batch} must divide E = {envs} (the accounting needs it)")
+            for k in args.gateways_list.split(","):
+                for n in args.actors_list.split(","):
+                    point = Point(name, SIZES[name], int(n), envs, args.unroll, batch, int(k))
+                    plan.append(point)
     points = []
     for point in plan:
-        print(f"{point.name}, N={point.actors}: measuring {args.seconds:g} s", file=sys.stderr)
+        print(
+            f"{point.name}, E={point.envs}, K={point.gateways}, N={point.actors}: "
+            f"measuring {args.seconds:g} s",
+            file=sys.stderr,
+        )
         points.append(run_point(point, args))
         _progress(points[-1])
     estimated = estimates(points)
     for e in estimated:
         print(
-            f"{e['size']}: one learner core takes {e['steps_per_s_per_learner_core']:,} steps/s "
+            f"{e['size']}, E={e['envs_per_actor']}, K={e['gateways']}: one learner-host core "
+            f"takes {e['steps_per_s_per_learner_core']:,} steps/s "
             f"({e['frames_per_s_per_learner_core']:,} frames/s) at N={e['at_actors']}: "
             f"{e['actor_machines_per_learner_core']} actor machines of {e['envs_per_actor']} envs",
             file=sys.stderr,
@@ -481,7 +577,11 @@ def main() -> None:
         "benchmark": "ingest",
         "machine": machine(),
         "setup": {
-            **{k: v for k, v in vars(args).items() if k not in ("sizes", "actors_list")},
+            **{
+                k: v
+                for k, v in vars(args).items()
+                if k not in ("sizes", "actors_list", "gateways_list", "envs_per_actor")
+            },
             "sizes": {s: dataclasses.asdict(SIZES[s]) for s in sizes},
             "agent": "vtrace",
             "threads": {"inference": 1, "learner": 1},
@@ -498,9 +598,9 @@ def _progress(pt: dict) -> None:
     books, lat = pt["accounting"], pt["latency_ms"]
     print(
         f"  {pt['frames_per_s']:,} frames/s, {pt['steps_per_s']:,} steps/s, "
-        f"{pt['learner_cpu_us_per_step']} us/step, {pt['learner_cpu_us_per_frame']} us/frame of "
-        f"learner CPU ({pt['learner_cpu_cores']} cores), round trip p50/p90/p99 "
-        f"{lat['p50']}/{lat['p90']}/{lat['p99']} ms; nothing lost: {books['nothing_lost']}",
+        f"{pt['us_per_frame']} us/frame of learner-host CPU ({pt['host_cpu_cores']} cores; the "
+        f"learner process alone {pt['learner_cpu_us_per_frame']}), round trip p50/p90/p99 "
+        f"{lat['p50']}/{lat['p90']}/{lat['p99']} ms; lost: {books['frames_lost']}",
         file=sys.stderr,
     )
 

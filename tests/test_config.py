@@ -73,6 +73,11 @@ def test_saved_config_round_trips():
         ({"precision": "int4"}, "--precision"),
         ({"learner_replicas": 0}, "--learner-replicas must be positive, got 0"),
         ({"learner_threads": -1}, "--learner-threads must be >= 0, got -1"),
+        ({"gateways": 0}, "--gateways must be at least 1, got 0"),
+        (
+            {"listen": "unix:/tmp/l.sock", "gateways": 2},
+            "--gateways 2 shares a TCP port among processes; a Unix socket cannot be shared",
+        ),
         ({"transport": "grpc"}, "--transport grpc: unknown; choose one of shm"),
         ({"transport": "inprocess"}, "--transport inprocess reaches only threads"),
         (

@@ -23,6 +23,13 @@ def _books(answered: list[int], learner_steps: int, batch: int = 4, **kw) -> dic
     return account(sent, answered, envs, unroll, batch, summary)
 
 
+def test_frames_lost_counts_what_the_books_miss():
+    assert _books([7, 4], learner_steps=3)["frames_lost"] == 0
+    assert _books([7, 4], learner_steps=2)["frames_lost"] == 4 * 3  # a batch of 4 unrolls of 3
+    assert _books([7, 4], learner_steps=3, sent=[8, 4])["frames_lost"] == 4  # a step of 4 envs
+    assert _books([7, 4], learner_steps=3, frames=35)["frames_lost"] == 1
+
+
 def test_nothing_lost_when_every_frame_reached_the_learner():
     # Two streams of 7 and 4 steps: (7 - 1) / 3 = 2 and 1 unrolls per env, 4 envs: 12 unrolls,
     # 3 batches of 4; 4 x (6 + 3) = 36 frames, all learned (3 batches x 4 unrolls x 3 steps).
@@ -52,10 +59,11 @@ def test_unfinished_unrolls_and_a_partial_batch_are_not_losses():
     assert not _books([4, 4, 4, 4], learner_steps=1, batch=8)["nothing_lost"]  # 16 built
 
 
-def test_four_actors_for_three_seconds_lose_nothing(no_leaks):
+def test_four_actors_for_three_seconds_lose_nothing_with_either_gateway(no_leaks):
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--sizes", "cartpole", "--actors-list", "4"]
-        + ["--seconds", "3", "--warmup-s", "0.5", "--sim-processes", "1"],
+        + ["--seconds", "3", "--warmup-s", "0.5", "--sim-processes", "1"]
+        + ["--gateways-list", "1,2"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -64,23 +72,32 @@ def test_four_actors_for_three_seconds_lose_nothing(no_leaks):
     report = json.loads(proc.stdout)
     assert report["machine"]["cores"] >= 1
     assert report["nothing_lost"] is True
-    (point,) = report["points"]
-    books = point["accounting"]
-    assert books["steps_sent"] == books["steps_answered"] > 0
-    assert books["streams"] == books["connections"] == 4
-    assert books["frames_counted_by_learner"] == books["frames_expected"] > 0
-    assert books["frames_learned"] == books["frames_counted_by_learner"]
-    assert books["frames_in_unfinished_unrolls"] == books["unrolls_waiting_for_a_batch"] == 0
-    assert not books["errors"]
-    # CartPole's 32 envs of 4 float32 take 512 bytes, and the reward and flags some more.
-    assert 512 < point["bytes_per_step"] < 1024
-    assert point["obs"] == {"shape": [4], "dtype": "float32"}
-    assert point["steps_per_s"] > 0
-    assert abs(point["frames_per_s"] - 32 * point["steps_per_s"]) <= 32
-    assert 0 < point["learner_cpu_us_per_step"] < 1e6
-    assert 0 < point["learner_loop_thread_share"] < 1
-    latency = point["latency_ms"]
-    assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] and latency["samples"] > 0
-    assert point["round_trip_alone_ms"] > 0
-    (estimate,) = report["estimates"]
-    assert estimate["actor_machines_per_learner_core"] > 0
+    in_process, processes = report["points"]
+    assert (in_process["gateways"], processes["gateways"]) == (1, 2)
+    for point in (in_process, processes):
+        assert (point["size"], point["envs"], point["actors"]) == ("cartpole", 32, 4)
+        assert point["lost"] == 0
+        assert point["steps_per_s"] > 0
+        assert abs(point["frames_per_s"] - 32 * point["steps_per_s"]) <= 32
+        # The host's CPU holds the learner process's, and with processes the gateways' too.
+        assert 0 < point["learner_cpu_us_per_frame"] <= point["us_per_frame"] < 1e5
+        assert abs(sum(point["host_cpu_share"].values()) - 1) < 0.01
+        books = point["accounting"]
+        assert books["steps_sent"] == books["steps_answered"] > 0
+        assert books["streams"] == books["connections"] == 4
+        assert books["frames_counted_by_learner"] == books["frames_expected"] > 0
+        assert books["frames_learned"] == books["frames_counted_by_learner"]
+        assert books["frames_in_unfinished_unrolls"] == books["unrolls_waiting_for_a_batch"] == 0
+        assert not books["errors"]
+        # CartPole's 32 envs of 4 float32 take 512 bytes, and the reward and flags some more.
+        assert 512 < point["bytes_per_step"] < 1024
+        assert point["obs"] == {"shape": [4], "dtype": "float32"}
+        assert 0 < point["learner_cpu_us_per_step"] < 1e6
+        assert 0 < point["learner_loop_thread_share"] < 1
+        latency = point["latency_ms"]
+        assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] and latency["samples"] > 0
+        assert point["round_trip_alone_ms"] > 0
+    assert in_process["host_cpu_share"]["gateways"] == 0
+    assert processes["host_cpu_share"]["gateways"] > 0
+    assert [e["gateways"] for e in report["estimates"]] == [1, 2]
+    assert all(e["actor_machines_per_learner_core"] > 0 for e in report["estimates"])

@@ -152,6 +152,13 @@ class TrainConfig:
         None, "serve remote actors on HOST:PORT (port 0: any free one) or unix:PATH"
     )
     remote_actors: int = setting(8, "with --listen: most remote actors at once (slots)")
+    # 1 keeps the gateway in the learner's process: the simplest layout, and enough for a few
+    # actors; processes take the decoding off the learner's interpreter (docs/benchmarks.md).
+    gateways: int = setting(
+        1,
+        "with --listen: gRPC gateway processes sharing the port, each writing remote actors' "
+        "steps into the shared-memory slots; 1: the gateway runs in the learner's process",
+    )
     token_file: str | None = setting(
         None,
         "file holding the secret remote actors must present; none: a random one, written to "
@@ -189,6 +196,17 @@ class TrainConfig:
             check_address(self.listen, "--listen")
             if self.remote_actors <= 0:
                 raise ConfigError(f"--remote-actors must be positive, got {self.remote_actors}")
+            if self.gateways > 1 and self.listen.startswith("unix:"):
+                raise ConfigError(
+                    f"--gateways {self.gateways} shares a TCP port among processes; a Unix "
+                    "socket cannot be shared: --listen HOST:PORT, or --gateways 1"
+                )
+            if self.gateways > 1 and self.transport != "shm":
+                raise ConfigError(
+                    f"--gateways {self.gateways} writes into shared memory: use --transport shm"
+                )
+        if self.gateways < 1:
+            raise ConfigError(f"--gateways must be at least 1, got {self.gateways}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key go together: give both or neither")
         for name in (
@@ -349,7 +367,7 @@ TRAIN_GROUPS: dict[str, tuple[str, ...]] = {
         "learner_replicas",
         "learner_process",
     ),
-    "remote actors": ("listen", "remote_actors", "token_file", "tls_cert", "tls_key"),
+    "remote actors": ("listen", "remote_actors", "gateways", "token_file", "tls_cert", "tls_key"),
     "logging": (
         "log_every_s",
         "progress",

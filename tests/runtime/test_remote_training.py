@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import finish, wait_for_frames
@@ -111,9 +112,11 @@ def test_a_remote_atari_actor_sends_single_frames_the_learner_stacks(tmp_path, n
         assert finish(one, 30)[0] == 0
 
 
-def test_a_killed_actor_is_replaced_and_training_goes_on(tmp_path, no_leaks):
+@pytest.mark.parametrize("gateways", ["1", "2"], ids=["in-process", "2-gateway-processes"])
+def test_a_killed_actor_is_replaced_and_training_goes_on(tmp_path, no_leaks, gateways):
     run = tmp_path / "run"
-    lr, address = learner(run, "--target-return", "none", "--total-frames", "120000")
+    flags = ("--gateways", gateways, "--target-return", "none", "--total-frames", "120000")
+    lr, address = learner(run, *flags)
     first, second = (actor(run, address) for _ in range(2))
     wait_for_frames(run, 20_000, lr)
     first.send_signal(signal.SIGKILL)
@@ -164,3 +167,58 @@ def test_an_actor_with_the_wrong_token_exits_with_one_line(tmp_path, no_leaks):
     assert code == 2
     assert err.strip().splitlines()[-1].startswith("seedbed: error: the learner refused this actor")
     assert "token" in err.strip().splitlines()[-1]
+
+
+def _probe_until_both_gateways_served(run_dir: Path, address: str, tries: int = 16) -> None:
+    """Connect and leave ``tries`` times, each on a connection of its own, so that the kernel
+    deals some to each of two gateway processes (all to one: one time in 2**15)."""
+    from seedbed.transport.remote import GrpcActorClient
+
+    token = (run_dir / "actor-token").read_bytes()
+    for _ in range(tries):
+        GrpcActorClient(address, token=token).close()
+
+
+def test_a_remote_actor_trains_through_two_gateway_processes(tmp_path, no_leaks):
+    run = tmp_path / "run"
+    flags = ("--gateways", "2", "--target-return", "none", "--total-frames", "30000")
+    lr, address = learner(run, *flags)
+    _probe_until_both_gateways_served(run, address)
+    one = actor(run, address)
+    code, _, err = finish(lr)
+    assert code == 0, err[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["frames"] >= 30_000 and summary["learner_steps"] > 0
+    remote = summary["remote_actors"]
+    assert remote["gateway_processes"] == 2 and remote["connections"] == 17
+    assert sum(remote["connections_by_gateway"]) == 17
+    assert min(remote["connections_by_gateway"]) > 0, remote  # both processes served
+    code, out, _ = finish(one, 30)
+    assert code == 0 and "training is over" in out
+
+
+def _gateway_processes(learner_pid: int) -> list[psutil.Process]:
+    """The learner's gateway processes, by the name they give themselves, in index order."""
+    from seedbed.transport.remote.gateway_process import PROCESS_NAME
+
+    found = [p for p in psutil.Process(learner_pid).children() if p.name().startswith(PROCESS_NAME)]
+    return sorted(found, key=lambda p: p.name())
+
+
+def test_a_killed_gateway_process_stops_the_run_in_one_line(tmp_path, no_leaks):
+    run = tmp_path / "run"
+    lr, address = learner(
+        run, "--gateways", "2", "--target-return", "none", "--total-frames", "1e9"
+    )
+    one = actor(run, address)
+    wait_for_frames(run, 2_000, lr)
+    gateways = _gateway_processes(lr.pid)
+    assert len(gateways) == 2
+    gateways[1].kill()
+    code, out, err = finish(lr, 120)
+    assert code != 0
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("seedbed: error: gateway process") and "exited with code -9" in last
+    assert f"pid {gateways[1].pid}" in last and "Traceback" not in err
+    assert not [p.pid for p in gateways if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finish(one, 60)  # told that training is over, or it lost its stream: it leaves

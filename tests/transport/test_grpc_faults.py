@@ -20,7 +20,7 @@ from seedbed.transport.checks import REFUSED_IN_A_ROW
 from seedbed.transport.remote import MAX_PENDING_HELLOS, METHOD, GrpcActorClient, Refused
 from tests.transport import test_remote
 from tests.transport.idle_connections import IdleConnections
-from tests.transport.test_remote import ENVS, OBS, TOKEN, steps
+from tests.transport.test_remote import ENVS, OBS, TOKEN, each_gateway, settle, steps
 
 pytestmark = pytest.mark.faults
 learner = test_remote.learner  # the fixture: a real gateway over real shared memory
@@ -63,8 +63,9 @@ class SilentStreams:
         self._channel.close()
 
 
-def test_silent_streams_without_the_token_hold_nothing(learner, caplog):
-    lr = learner(token=TOKEN)
+@each_gateway
+def test_silent_streams_without_the_token_hold_nothing(learner, caplog, gateways):
+    lr = learner(token=TOKEN, gateways=gateways)
     with caplog.at_level(logging.WARNING, logger="seedbed.transport.remote"):
         silent = SilentStreams(lr.gateway.address, 50)
         try:
@@ -73,6 +74,7 @@ def test_silent_streams_without_the_token_hold_nothing(learner, caplog):
             steps(client, 5)
             client.close()
             ended = silent.ended(within_s=5)
+            settle(lr)
         finally:
             silent.close()
     assert {code for code, _ in ended} == {grpc.StatusCode.UNAUTHENTICATED}
@@ -81,17 +83,19 @@ def test_silent_streams_without_the_token_hold_nothing(learner, caplog):
     assert len(warned) == 1 and "token" in warned[0], warned  # the other 49 are counted
 
 
-def test_an_actor_with_a_wrong_token_always_reads_why(learner):
+@each_gateway
+def test_an_actor_with_a_wrong_token_always_reads_why(learner, gateways):
     """Refused at once, while its hello is in flight, an actor would often read INTERNAL."""
-    lr = learner(token=TOKEN)
+    lr = learner(token=TOKEN, gateways=gateways)
     for attempt in range(30):
         with pytest.raises(Refused, match="wrong token"):
             GrpcActorClient(lr.gateway.address, token=b"wrong" if attempt % 2 else None)
 
 
-def test_streams_that_never_say_hello_are_closed_after_the_timeout(learner):
+@each_gateway
+def test_streams_that_never_say_hello_are_closed_after_the_timeout(learner, gateways):
     token = TOKEN
-    lr = learner(hello_timeout_s=0.5)
+    lr = learner(hello_timeout_s=0.5, gateways=gateways)
     silent = SilentStreams(lr.gateway.address, 40, token)
     try:
         time.sleep(0.1)
@@ -105,8 +109,9 @@ def test_streams_that_never_say_hello_are_closed_after_the_timeout(learner):
     assert set(ended) == {(grpc.StatusCode.DEADLINE_EXCEEDED, "no hello within 0.5 s")}
 
 
-def test_streams_past_the_pending_cap_are_refused_at_once_in_our_words(learner):
-    lr = learner(hello_timeout_s=2.0)
+@each_gateway
+def test_streams_past_the_pending_cap_are_refused_at_once_in_our_words(learner, gateways):
+    lr = learner(hello_timeout_s=2.0, gateways=gateways)  # the cap holds per process
     extra = 6
     silent = SilentStreams(lr.gateway.address, MAX_PENDING_HELLOS + extra, TOKEN)
     try:
@@ -239,8 +244,9 @@ def _hang_up(sock: socket.socket) -> None:
     sock.close()
 
 
-def test_an_actor_cut_off_mid_message_frees_its_slot(learner):
-    lr = learner()
+@each_gateway
+def test_an_actor_cut_off_mid_message_frees_its_slot(learner, gateways):
+    lr = learner(gateways=gateways)
     proxy = CuttingProxy(lr.gateway.address)
     try:
         cut_off = GrpcActorClient(proxy.address, token=TOKEN)
@@ -309,8 +315,9 @@ def test_idle_connections_are_capped_and_closed_and_actors_served_after(learner)
     client.close()
 
 
-def test_an_actor_that_keeps_sending_non_finite_steps_is_disconnected(learner):
-    lr = learner()
+@each_gateway
+def test_an_actor_that_keeps_sending_non_finite_steps_is_disconnected(learner, gateways):
+    lr = learner(gateways=gateways)
     good = GrpcActorClient(lr.gateway.address, token=TOKEN)
     hostile = GrpcActorClient(lr.gateway.address, token=TOKEN)
     obs, done = np.zeros((ENVS, *OBS), np.float32), np.zeros(ENVS, bool)

@@ -8,14 +8,22 @@ import functools
 import ipaddress
 import logging
 import multiprocessing
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
+import psutil
 import pytest
 
+from seedbed.errors import SeedbedError
 from seedbed.transport.proto import actor_pb2 as pb
 from seedbed.transport.remote import (
     METHOD,
@@ -25,16 +33,22 @@ from seedbed.transport.remote import (
     GrpcActorClient,
     Refused,
 )
+from seedbed.transport.remote.gateway_process import GatewayProcesses
 from seedbed.transport.shm import SharedMemoryServer
 
 ENVS, OBS = 3, (4,)
 TOKEN = b"s3cret"  # every listener needs one, loopback and Unix sockets included
 
 
+#: Parametrize a test over the gateway in this process (1) and in two processes (2).
+each_gateway = pytest.mark.parametrize("gateways", [1, 2], ids=["in-process", "2-processes"])
+
+
 class Learner:
     """A gateway with two slots over a shared-memory server; actions are env_id * 10 + t, or
     with ``action_shape`` float32 vectors of that plus 0.5, 1.0, ... (continuous actions).
-    ``gateway_options`` go to the ``ActorGateway`` as they are."""
+    ``gateways``: 1, an ``ActorGateway`` in this process; more, ``GatewayProcesses``.
+    ``gateway_options`` go to the gateway as they are."""
 
     def __init__(
         self,
@@ -42,6 +56,7 @@ class Learner:
         tls=None,
         address: str = "127.0.0.1:0",
         action_shape: tuple = (),
+        gateways: int = 1,
         **gateway_options,
     ):
         dtype = "float32" if action_shape else "int64"
@@ -49,17 +64,24 @@ class Learner:
         self.server = SharedMemoryServer(
             2, ENVS, OBS, "float32", multiprocessing.get_context(), action_shape, dtype
         )
-        self.gateway = ActorGateway(
-            address,
-            [0, 1],
-            functools.partial(self.server.connect, in_process=True),
-            lambda slot, n: Assignment(
-                "CartPole-v1", ENVS, n, None, slot, "<f4", OBS, dtype, action_shape
-            ),
-            token=token,
-            tls=tls,
-            **gateway_options,
-        )
+
+        def assign(slot: int, n: int) -> Assignment:
+            return Assignment("CartPole-v1", ENVS, n, None, slot, "<f4", OBS, dtype, action_shape)
+
+        if gateways > 1:
+            self.gateway = GatewayProcesses(
+                gateways, address, [0, 1], self.server, assign, token, tls, **gateway_options
+            )
+        else:
+            self.gateway = ActorGateway(
+                address,
+                [0, 1],
+                functools.partial(self.server.connect, in_process=True),
+                assign,
+                token=token,
+                tls=tls,
+                **gateway_options,
+            )
         self.run_ids: dict[int, set[int]] = {0: set(), 1: set()}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._answer, daemon=True)
@@ -106,6 +128,13 @@ def known_actions(env_ids: np.ndarray, t: np.ndarray, action_shape: tuple = ()) 
     return (base[:, None] + fractions).reshape(-1, *action_shape).astype(np.float32)
 
 
+def settle(lr: Learner) -> None:
+    """Let gateway processes' refusals and log lines reach this process (the in-process
+    gateway's are here already)."""
+    if isinstance(lr.gateway, GatewayProcesses):
+        lr.gateway.sync()
+
+
 def steps(client: GrpcActorClient, n: int, t0: int = 0) -> None:
     """``n`` calls whose answers must be exactly the known actions of the client's slot."""
     env_ids = client.assignment.slot * ENVS + np.arange(ENVS)
@@ -119,8 +148,9 @@ def steps(client: GrpcActorClient, n: int, t0: int = 0) -> None:
         np.testing.assert_array_equal(actions, want)
 
 
-def test_steps_round_trip_and_a_reconnect_is_a_new_run(learner):
-    lr = learner()
+@each_gateway
+def test_steps_round_trip_and_a_reconnect_is_a_new_run(learner, gateways):
+    lr = learner(gateways=gateways)
     first = GrpcActorClient(lr.gateway.address, token=TOKEN)
     assert first.assignment.env_id == "CartPole-v1" and first.assignment.num_envs == ENVS
     steps(first, 20)
@@ -142,8 +172,9 @@ def test_continuous_actions_travel_as_float32_vectors(learner):
     client.close()
 
 
-def test_all_slots_taken_refuses_the_next_actor(learner):
-    lr = learner()
+@each_gateway
+def test_all_slots_taken_refuses_the_next_actor(learner, gateways):
+    lr = learner(gateways=gateways)
     clients = [GrpcActorClient(lr.gateway.address, token=TOKEN) for _ in range(2)]
     with pytest.raises(ConnectionError, match="slots are taken"):
         GrpcActorClient(lr.gateway.address, token=TOKEN)
@@ -151,14 +182,16 @@ def test_all_slots_taken_refuses_the_next_actor(learner):
         c.close()
 
 
+@each_gateway
 @pytest.mark.parametrize("sent", [None, b"not-the-token"], ids=["missing", "wrong"])
-def test_a_client_without_the_right_token_is_refused(learner, sent):
-    lr = learner(token=b"s3cret\n")
+def test_a_client_without_the_right_token_is_refused(learner, sent, gateways):
+    lr = learner(token=b"s3cret\n", gateways=gateways)
     with pytest.raises(Refused, match="token"):
         GrpcActorClient(lr.gateway.address, token=sent)
     good = GrpcActorClient(lr.gateway.address, token=TOKEN)
     steps(good, 3)
     good.close()
+    settle(lr)
     assert len(lr.gateway.rejected) == 1 and lr.gateway.rejected_total == 1
 
 
@@ -238,14 +271,16 @@ def _step_with_done(done: bytes) -> bytes:
     ],
     ids=["garbage", "wrong-shape", "short-data", "oversized", "old-protocol", "bool-byte-2"],
 )
+@each_gateway
 def test_a_bad_message_is_refused_and_everyone_else_is_still_served(
-    learner, messages, reason, caplog
+    learner, messages, reason, caplog, gateways
 ):
-    lr = learner()
+    lr = learner(gateways=gateways)
     good = GrpcActorClient(lr.gateway.address, token=TOKEN)
     steps(good, 3)
     with caplog.at_level(logging.WARNING, logger="seedbed.transport.remote"):
         code, details = _raw_stream(lr.gateway.address, *messages)
+        settle(lr)
     assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
     assert re.search(reason, details), details
     assert any("refused actor" in r.getMessage() for r in caplog.records)
@@ -253,12 +288,14 @@ def test_a_bad_message_is_refused_and_everyone_else_is_still_served(
     good.close()
 
 
-def test_an_actors_name_is_logged_printable_and_bounded(learner, caplog):
-    lr = learner()
+@each_gateway
+def test_an_actors_name_is_logged_printable_and_bounded(learner, caplog, gateways):
+    lr = learner(gateways=gateways)
     name = "evil\nINFO forged line\x1b[31m" + "x" * 10_000
     hello = pb.ActorMessage(hello=pb.Hello(protocol=PROTOCOL, actor_name=name))
     with caplog.at_level(logging.INFO, logger="seedbed.transport.remote"):
         _raw_stream(lr.gateway.address, hello.SerializeToString())
+        settle(lr)
     lines = [r.getMessage() for r in caplog.records if "connected to slot" in r.getMessage()]
     assert len(lines) == 1, lines
     assert "\n" not in lines[0] and "\x1b" not in lines[0] and len(lines[0]) < 200
@@ -299,9 +336,10 @@ def _self_signed() -> tuple[bytes, bytes]:
     return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
-def test_tls_with_a_self_signed_certificate(learner):
+@each_gateway
+def test_tls_with_a_self_signed_certificate(learner, gateways):
     cert, key = _self_signed()
-    lr = learner(tls=(cert, key), token=b"tok")
+    lr = learner(tls=(cert, key), token=b"tok", gateways=gateways)
     client = GrpcActorClient(lr.gateway.address, token=b"tok", tls_ca=cert)
     steps(client, 5)
     client.close()
@@ -316,7 +354,8 @@ def test_unix_socket(learner, tmp_path):
     client.close()
 
 
-def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks):
+@each_gateway
+def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks, gateways):
     """Local inference over gRPC: steps carry the acted fields into shared memory; the policy
     comes with the assignment and again before the answer once the learner posts a newer one."""
     from seedbed.transport.board import SharedMemoryBoard
@@ -329,14 +368,19 @@ def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks):
     board.post(b"policy one", 1)
     local = {"agent": "vtrace", "agent_config": {}, "num_envs": 2 * ENVS, "first_env": 0}
     local["acted"] = [list(f) for f in acted_fields]
-    gateway = ActorGateway(
-        "127.0.0.1:0",
-        [0, 1],
-        functools.partial(server.connect, in_process=True),
-        lambda slot, n: Assignment("CartPole-v1", ENVS, n, None, slot, "<f4", OBS, local=local),
-        token=TOKEN,
-        board=board.handle,
-    )
+
+    def assign(slot: int, n: int) -> Assignment:
+        return Assignment("CartPole-v1", ENVS, n, None, slot, "<f4", OBS, local=local)
+
+    if gateways > 1:  # the processes read the shared-memory board themselves
+        gateway = GatewayProcesses(
+            gateways, "127.0.0.1:0", [0, 1], server, assign, TOKEN, board=board.handle
+        )
+    else:
+        connect = functools.partial(server.connect, in_process=True)
+        gateway = ActorGateway(
+            "127.0.0.1:0", [0, 1], connect, assign, token=TOKEN, board=board.handle
+        )
     received, stop = [], threading.Event()
 
     def answer() -> None:
@@ -378,3 +422,90 @@ def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks):
         server.close()
         gateway.stop(0)
         board.close()
+
+
+def test_both_gateway_processes_serve_and_the_learner_keeps_the_slots(learner):
+    """Connections spread over the processes (the kernel deals them); wherever an actor lands
+    it gets one of the learner's slots, and its steps reach the same rows."""
+    lr = learner(gateways=2)
+    tries = 0
+    while min(lr.gateway.served) == 0 and tries < 40:  # all 40 in one process: 2**-39
+        client = GrpcActorClient(lr.gateway.address, token=TOKEN)
+        steps(client, 3)
+        client.close()
+        tries += 1
+    assert min(lr.gateway.served) > 0 and sum(lr.gateway.served) == tries
+    held = [GrpcActorClient(lr.gateway.address, token=TOKEN) for _ in range(2)]
+    assert {c.assignment.slot for c in held} == {0, 1}
+    with pytest.raises(ConnectionError, match="slots are taken"):  # in whichever process
+        GrpcActorClient(lr.gateway.address, token=TOKEN)
+    for i, client in enumerate(held):
+        steps(client, 3, t0=i)
+        client.close()
+    assert lr.gateway.connections == tries + 2
+
+
+def test_gateway_processes_refuse_a_unix_socket(no_leaks):
+    server = SharedMemoryServer(1, ENVS, OBS, "float32", multiprocessing.get_context())
+    try:
+        with pytest.raises(SeedbedError, match="Unix socket cannot be shared"):
+            GatewayProcesses(2, "unix:/tmp/x.sock", [0], server, lambda s, n: None, TOKEN)
+    finally:
+        server.close()
+
+
+def test_gateway_processes_refuse_a_port_in_use(no_leaks):
+    server = SharedMemoryServer(1, ENVS, OBS, "float32", multiprocessing.get_context())
+    taken = socket.create_server(("127.0.0.1", 0))
+    try:
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(SeedbedError, match="cannot listen there"):
+            GatewayProcesses(2, address, [0], server, lambda s, n: None, TOKEN)
+    finally:
+        taken.close()
+        server.close()
+
+
+def test_a_killed_gateway_process_is_one_line_and_the_rest_stop(learner):
+    failures: list[BaseException] = []
+    lr = learner(gateways=2, on_failure=failures.append)
+    client = GrpcActorClient(lr.gateway.address, token=TOKEN)
+    steps(client, 3)
+    victim = lr.gateway.pids[1]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not failures:
+        assert time.monotonic() < deadline, "the dead gateway process went unnoticed"
+        time.sleep(0.05)
+    (error,) = failures
+    assert str(error).startswith(f"gateway process 1 (pid {victim}) exited with code -9")
+    assert "\n" not in str(error)
+    client.close()
+    started = time.monotonic()
+    lr.close()  # the other process stops; no_leaks finds none left
+    assert time.monotonic() - started < 15
+
+
+_ORPHANED = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from tests.transport.test_remote import Learner
+if __name__ == "__main__":
+    lr = Learner(gateways=2)
+    print(*lr.gateway.pids, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_gateway_processes_never_outlive_their_learner(tmp_path, no_leaks):
+    script = tmp_path / "learner.py"
+    script.write_text(_ORPHANED.format(root=str(Path(__file__).resolve().parents[2])))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        proc.kill()  # no goodbye: the learner is gone at once
+        proc.wait()
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 10)
+    assert not alive, f"gateway processes outlived their learner: {[p.pid for p in alive]}"

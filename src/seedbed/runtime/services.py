@@ -35,6 +35,7 @@ from seedbed.transport import backend
 from seedbed.transport.base import Fields, ServerTransport, TransportSpec
 from seedbed.transport.board import PolicyBoard
 from seedbed.transport.remote import ActorGateway, Assignment, read_secret, run_token
+from seedbed.transport.remote.gateway_process import GatewayProcesses
 from seedbed.types import Buffer, EnvSpec
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class Services:
     server: InferenceServer | None = dataclasses.field(default=None, init=False)
     publisher: PolicyPublisher | None = dataclasses.field(default=None, init=False)
     supervisor: ActorSupervisor | None = dataclasses.field(default=None, init=False)
-    gateway: ActorGateway | None = dataclasses.field(default=None, init=False)
+    gateway: ActorGateway | GatewayProcesses | None = dataclasses.field(default=None, init=False)
     # Per actor slot: seconds stepping envs and waiting for actions, as the transport closed.
     actor_times: np.ndarray = dataclasses.field(
         default_factory=lambda: np.zeros((0, 2)), init=False
@@ -241,14 +242,24 @@ class Services:
         if self.error is None:
             self.error = thread_died(name, error)
 
+    def _gateway_died(self, error: BaseException) -> None:
+        """A gateway process died or failed: the run's one line names it."""
+        if self.error is None:
+            self.error = SeedbedError(
+                f"{error}; the run stopped with a final checkpoint: fix the cause, then --resume"
+            )
+
     def _policy_board(self, make_board: Callable[[int], PolicyBoard]) -> PolicyBoard:
         """Where local actors find the newest policy; fp32 is the largest payload there is (the
         slack is for its header, whose version number grows)."""
         fp32 = encode_policy(self.agent.network, "fp32", 0, self.agent.acting_skips)
         return make_board(len(fp32) + 64)
 
-    def _gateway(self, transport: ServerTransport, acted: Fields) -> ActorGateway:
-        """The listener for remote actors; they take the slots after the local actors'."""
+    def _gateway(
+        self, transport: ServerTransport, acted: Fields
+    ) -> ActorGateway | GatewayProcesses:
+        """The listener for remote actors (in this process, or ``--gateways`` processes);
+        they take the slots after the local actors'."""
         cfg = self.layout
         settings = to_dict(self.config.env_settings)  # plain values: JSON to remote actors
 
@@ -281,16 +292,31 @@ class Services:
         if token is None:  # every listener has a token: this run's own, in its directory
             token, path = run_token(self.run_dir)
             token_file = str(path)  # the console line below says where
-        gateway = ActorGateway(
-            cfg.listen,
-            list(range(cfg.actors, cfg.num_slots)),
-            functools.partial(transport.connect, in_process=True),
-            assign,
-            token=token,
-            tls=tls,
-            board=None if self.publisher.board is None else self.publisher.board.handle,
-            on_failure=functools.partial(self._died, "actor-gateway"),
-        )
+        slots = list(range(cfg.actors, cfg.num_slots))
+        board = None if self.publisher.board is None else self.publisher.board.handle
+        if cfg.gateways > 1:
+            gateway = GatewayProcesses(
+                cfg.gateways,
+                cfg.listen,
+                slots,
+                transport,
+                assign,
+                token=token,
+                tls=tls,
+                board=board,
+                on_failure=self._gateway_died,
+            )
+        else:
+            gateway = ActorGateway(
+                cfg.listen,
+                slots,
+                functools.partial(transport.connect, in_process=True),
+                assign,
+                token=token,
+                tls=tls,
+                board=board,
+                on_failure=functools.partial(self._died, "actor-gateway"),
+            )
         # Port 0 picks a free port: say which, for people and for scripts that start actors.
         (self.run_dir / "listen_address").write_text(gateway.address + "\n")
         self.console.print(

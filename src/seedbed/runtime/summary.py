@@ -18,6 +18,7 @@ from seedbed.runtime.learner_loop import LearnerLoop
 from seedbed.runtime.progress import Progress
 from seedbed.runtime.services import Services
 from seedbed.transport.remote import ActorGateway
+from seedbed.transport.remote.gateway_process import GatewayProcesses
 from seedbed.types import EnvSpec
 
 
@@ -97,15 +98,17 @@ def frames_counted_as(spec: EnvSpec) -> str:
     return "environment steps (agent steps)"
 
 
-def remote_summary(gateway: ActorGateway | None) -> dict[str, Any] | None:
-    """Where remote actors connected, how many did and how many were refused; None without
-    ``--listen``."""
+def remote_summary(gateway: ActorGateway | GatewayProcesses | None) -> dict[str, Any] | None:
+    """Where remote actors connected, how many did and how many were refused, and with
+    gateway processes how many connections each served; None without ``--listen``."""
     if gateway is None:
         return None
     return {
         "address": gateway.address,
         "connections": gateway.connections,
         "refused": gateway.rejected_total,
+        "gateway_processes": getattr(gateway, "count", 0),
+        "connections_by_gateway": getattr(gateway, "served", None),
     }
 
 

@@ -53,6 +53,7 @@ from seedbed.runtime.summary import run_summary
 from seedbed.runtime.supervisor import ActorSupervisor, actor_context
 from seedbed.telemetry import EpisodeWindow, plot_curve
 from seedbed.transport.remote import ActorGateway
+from seedbed.transport.remote.gateway_process import GatewayProcesses
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ class TrainingRun:
         return self.services.supervisor
 
     @property
-    def gateway(self) -> ActorGateway | None:
+    def gateway(self) -> ActorGateway | GatewayProcesses | None:
         return self.services.gateway
 
     def request_stop(self) -> None:

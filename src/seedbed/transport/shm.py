@@ -72,7 +72,13 @@ class Layout:
         }[field]
 
 
-def _attach(layout: Layout, create: bool) -> tuple[dict[str, shared_memory.SharedMemory], dict]:
+def attach(
+    layout: Layout, create: bool = False
+) -> tuple[dict[str, shared_memory.SharedMemory], dict[str, np.ndarray]]:
+    """The blocks of ``layout`` (made, with ``create``) and every field's array over them.
+
+    A process that serves many actors' rows (a gateway process) attaches once and opens its
+    clients on these arrays, rather than mapping every block again per actor."""
     blocks, arrays = {}, {}
     for field in layout.fields():
         shape, dtype = layout.shape_dtype(field)
@@ -137,7 +143,7 @@ class SharedMemoryServer:
             action_dtype,
             acted,
         )
-        self._blocks, self._arrays = _attach(layout, create=True)
+        self._blocks, self._arrays = attach(layout, create=True)
         names = {field: block.name for field, block in self._blocks.items()}
         self.layout = dataclasses.replace(layout, names=names)
         self._requests_r, self._requests_w = context.Pipe(duplex=False)
@@ -148,6 +154,12 @@ class SharedMemoryServer:
         self._pending = b""
         self._lock = threading.Lock()  # guards reply pipes against replacement while sending
         self._closed = False
+
+    @property
+    def requests_writer(self) -> Connection:
+        """The write end of the pipe every actor posts its records on (a gateway process gets
+        it at its start, and dups it per actor it serves)."""
+        return self._requests_w
 
     def connect(self, actor: int, in_process: bool = False) -> ActorEndpoint:
         """A fresh endpoint for (re)starting actor ``actor``; its old requests become stale.
@@ -253,10 +265,16 @@ class SharedMemoryServer:
 class SharedMemoryClient(ActorTransport):
     """An actor's end: write the step into its own rows, signal, wait for the answer."""
 
-    def __init__(self, endpoint: ActorEndpoint) -> None:
+    def __init__(
+        self, endpoint: ActorEndpoint, arrays: dict[str, np.ndarray] | None = None
+    ) -> None:
+        """``arrays``: the layout's arrays as ``attach`` gave them to this process, shared with
+        other clients (then closing this client leaves them mapped); None: attach its own."""
         self._endpoint = endpoint
         layout = endpoint.layout
-        self._blocks, arrays = _attach(layout, create=False)
+        self._blocks = {}
+        if arrays is None:
+            self._blocks, arrays = attach(layout)
         e = layout.envs_per_actor
         rows = slice(endpoint.actor * e, (endpoint.actor + 1) * e)
         self._obs, self._reward = arrays["obs"][rows], arrays["reward"][rows]

@@ -11,6 +11,9 @@ actor's end of the stream (``seedbed actor``). The learner's side::
     ...train...
     gateway.stop()                   # every actor is told that training is over
 
+``gateway_process`` runs the same gateway in K processes on one port (``GatewayProcesses``,
+``--gateways K``), writing into the shared-memory transport's rows as local actors do.
+
 A remote actor's side::
 
     client = GrpcActorClient(address, token, tls_ca)   # hello; client.assignment says what to run

@@ -114,6 +114,10 @@ class GrpcActorClient(ActorTransport):
             ("grpc.max_receive_message_length", 64 * 1024 * 1024),
             ("grpc.keepalive_time_ms", 20_000),
             ("grpc.keepalive_timeout_ms", 10_000),
+            # A connection of its own, as an actor on its own machine has: gRPC would otherwise
+            # share one among the clients of a process (tests, bench/ingest.py), and every
+            # stream would reach one gateway process.
+            ("grpc.use_local_subchannel_pool", 1),
         ]
         if tls_ca is not None:
             credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca)

@@ -21,6 +21,9 @@ actor whose steps carry non-finite values ``REFUSED_IN_A_ROW`` times in a row is
 With local inference the actor acts itself: its steps carry what it acted (as actor processes
 write it into their rows), and the gateway sends it each newer policy from the learner's policy
 board before answering a step.
+
+``gateway_process`` runs this gateway in processes of their own (``--gateways K``); there a
+subclass takes each slot from the learner (``_take_slot``, ``_release``), and the rest is this.
 """
 
 from __future__ import annotations
@@ -46,11 +49,12 @@ from seedbed.transport.checks import REFUSED_IN_A_ROW, check_step
 from seedbed.transport.proto import actor_pb2 as pb
 from seedbed.transport.remote.wire import (
     PROTOCOL,
+    ActionsReply,
     Assignment,
     Malformed,
     decode_step,
     parse,
-    to_wire,
+    serialize,
 )
 
 log = logging.getLogger(__name__)
@@ -99,6 +103,13 @@ def connection_cap(slots: int) -> int:
     return wanted if soft == resource.RLIM_INFINITY else max(8, min(wanted, soft // 2))
 
 
+def slots_taken(slots: int) -> str:
+    """Why an actor is refused when every remote slot is taken."""
+    return (
+        f"all {slots} remote actor slots are taken; start the learner with a larger --remote-actors"
+    )
+
+
 def _kind(message: pb.ActorMessage | Malformed | None) -> str | None:
     """The message's kind; a malformed one is refused right here."""
     if isinstance(message, Malformed):
@@ -143,13 +154,16 @@ class ActorGateway:
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         max_connections: int | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
+        share_port: bool = False,
     ) -> None:
         """``token``: what actors must send (never empty). ``board``: with local inference, the
         ``BoardHandle`` of the policy actors act with. ``hello_timeout_s``: how long a new
         stream may take to say hello before it is closed; ``idle_timeout_s``: how long a
         connection may hold no stream; ``max_connections``: connections at once (default
         ``connection_cap``). ``on_failure(error)`` is called, from the gateway's thread, if an
-        error ends its event loop: no actor is served after that, so the run must stop."""
+        error ends its event loop: no actor is served after that, so the run must stop.
+        ``share_port``: bind with SO_REUSEPORT, so that gateway processes of this learner
+        share one port (``gateway_process``)."""
         if not token or not token.strip():
             raise ValueError("ActorGateway needs a token: give one, e.g. wire.run_token(run_dir)'s")
         self._board = board.open() if board is not None else None
@@ -179,7 +193,9 @@ class ActorGateway:
         probe = assign(slots[0], 0) if slots else None
         self._max_bytes = _HEADROOM + (self._step_bytes(probe) if probe else 0)
         self.error: BaseException | None = None  # what ended the event loop, if anything did
+        self._replies: dict[int, _ReplyPipe] = {}  # per open client, by id
         self._on_failure = on_failure
+        self._share_port = share_port
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="actor-gateway", daemon=True)
         self._thread.start()
@@ -214,7 +230,7 @@ class ActorGateway:
                         "Act": grpc.stream_stream_rpc_method_handler(
                             self._serve,
                             request_deserializer=functools.partial(parse, limit=self._max_bytes),
-                            response_serializer=pb.LearnerMessage.SerializeToString,
+                            response_serializer=serialize,
                         )
                     },
                 )
@@ -223,7 +239,9 @@ class ActorGateway:
                 # gRPC itself drops messages past 4x the limit, before they cost memory; up to
                 # there wire.parse refuses them with a reason in the log.
                 ("grpc.max_receive_message_length", 4 * self._max_bytes),
-                ("grpc.so_reuseport", 0),
+                # Off unless this learner's own gateway processes share the port: another
+                # program must not be able to bind it beside us.
+                ("grpc.so_reuseport", int(self._share_port)),
                 # Notice a vanished actor machine within a minute, not at TCP's hours.
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
@@ -284,7 +302,7 @@ class ActorGateway:
     ) -> AsyncIterator[pb.LearnerMessage]:
         peer = context.peer()
         host = _host(peer)
-        slot = None
+        slot = client = None
         connections = self._peers.setdefault(host, {})
         connections[peer] = connections.get(peer, 0) + 1
         try:
@@ -298,10 +316,10 @@ class ActorGateway:
             if not self._authenticated(context):
                 await self._refuse_unauthenticated(requests)
             hello = await self._read_hello(requests)
-            slot, connection = self._take_slot()
-            assignment = self._assign(slot, connection)
+            assignment, client = await self._take_slot()
+            slot = assignment.slot
             name = safe_name(hello.actor_name or peer)
-            async for reply in self._bridge(assignment, name, requests):
+            async for reply in self._bridge(assignment, client, name, requests):
                 yield reply
         except _Rejected as e:
             self._refused(peer, e)
@@ -312,8 +330,13 @@ class ActorGateway:
                 del connections[peer]
             if not connections:
                 del self._peers[host]
+            if client is not None:
+                replies = self._replies.pop(id(client), None)
+                if replies is not None:
+                    replies.close()
+                client.close()
             if slot is not None:
-                self._free.append(slot)
+                self._release(slot)
 
     async def _read_hello(self, requests: AsyncIterator[pb.ActorMessage]) -> pb.Hello:
         """The stream's first message, if it is a hello of our protocol sent in time."""
@@ -382,64 +405,71 @@ class ActorGateway:
             "missing or wrong token: give the actor --token-file with the learner's token",
         )
 
-    def _take_slot(self) -> tuple[int, int]:
-        """A free slot and this connection's number, or a refusal (on the loop: no lock)."""
+    async def _take_slot(self) -> tuple[Assignment, Any]:
+        """A free slot's assignment and its open client (an ``ActorTransport`` with a
+        ``reply_fd``), or a refusal (on the loop: no lock). ``_release`` frees the slot."""
         if self._stopping.is_set():
             raise _Rejected(grpc.StatusCode.UNAVAILABLE, "training is over")
         if not self._free:
-            raise _Rejected(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"all {self._num_slots} remote actor slots are taken; start the learner "
-                "with a larger --remote-actors",
-            )
+            raise _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED, slots_taken(self._num_slots))
         self.connections += 1
-        return self._free.pop(0), self.connections
+        slot = self._free.pop(0)
+        try:
+            return self._assign(slot, self.connections), self._connect(slot).open()
+        except BaseException:
+            self._free.append(slot)
+            raise
+
+    def _release(self, slot: int) -> None:
+        """Slot ``slot`` is free again: its stream ended and its client is closed."""
+        self._free.append(slot)
 
     async def _bridge(
-        self, assignment: Assignment, name: str, requests: AsyncIterator[pb.ActorMessage]
-    ) -> AsyncIterator[pb.LearnerMessage]:
+        self,
+        assignment: Assignment,
+        client: Any,
+        name: str,
+        requests: AsyncIterator[pb.ActorMessage],
+    ) -> AsyncIterator[pb.LearnerMessage | bytes]:
         """Relay one actor's steps into its slot and the actions back, until either end stops."""
         slot = assignment.slot
-        client = self._connect(slot).open()
         log.info("actor %s connected to slot %d", name, slot)
+        reply = ActionsReply(assignment)  # the answers' bytes, without a message per step
         acted_fields = assignment.acted()
         sent = -1  # the newest policy version this actor was sent
         refused_in_a_row = 0  # steps with a non-finite value (see seedbed.transport.checks)
-        try:
-            yield assignment.to_message()
+        yield assignment.to_message()
+        if acted_fields:
+            sent, policy = self._newer_policy(sent)
+            if policy is not None:
+                yield policy  # the actor acts from its first step on
+        async for message in requests:
+            if _kind(message) != "step":
+                raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, "expected a step")
+            try:
+                arrays, acted = decode_step(message.step, assignment)
+            except ValueError as err:
+                raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"bad step: {err}") from None
+            _, why = check_step(arrays[0], arrays[1], acted or None)
+            refused_in_a_row = refused_in_a_row + 1 if why else 0
+            if refused_in_a_row >= REFUSED_IN_A_ROW:
+                self.disconnected += 1
+                raise _Rejected(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{refused_in_a_row} steps in a row were refused ({why}): "
+                    "fix the actor's environment",
+                )
+            try:
+                actions = await self._call(client, arrays, acted or None)
+            except ConnectionError:
+                yield pb.LearnerMessage(stop=pb.Stop(reason="training is over"))
+                return
             if acted_fields:
                 sent, policy = self._newer_policy(sent)
                 if policy is not None:
-                    yield policy  # the actor acts from its first step on
-            async for message in requests:
-                if _kind(message) != "step":
-                    raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, "expected a step")
-                try:
-                    arrays, acted = decode_step(message.step, assignment)
-                except ValueError as err:
-                    raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"bad step: {err}") from None
-                _, why = check_step(arrays[0], arrays[1], acted or None)
-                refused_in_a_row = refused_in_a_row + 1 if why else 0
-                if refused_in_a_row >= REFUSED_IN_A_ROW:
-                    self.disconnected += 1
-                    raise _Rejected(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"{refused_in_a_row} steps in a row were refused ({why}): "
-                        "fix the actor's environment",
-                    )
-                try:
-                    actions = await self._call(client, arrays, acted or None)
-                except ConnectionError:
-                    yield pb.LearnerMessage(stop=pb.Stop(reason="training is over"))
-                    return
-                if acted_fields:
-                    sent, policy = self._newer_policy(sent)
-                    if policy is not None:
-                        yield policy
-                yield pb.LearnerMessage(actions=to_wire(actions))
-            log.info("actor %s left slot %d", name, slot)
-        finally:
-            client.close()
+                    yield policy
+            yield reply(actions)
+        log.info("actor %s left slot %d", name, slot)
 
     def _newer_policy(self, sent: int) -> tuple[int, pb.LearnerMessage | None]:
         """The board's policy as a message if it is newer than version ``sent``."""
@@ -454,14 +484,49 @@ class ActorGateway:
     ) -> np.ndarray:
         """``client.call`` without blocking the loop: await the reply pipe, then collect."""
         client.submit(*arrays, acted)
-        answered = self._loop.create_future()
-        fd = client.reply_fd
-        self._loop.add_reader(fd, lambda: answered.done() or answered.set_result(None))
-        try:
-            await answered
-        finally:
-            self._loop.remove_reader(fd)
+        replies = self._replies.get(id(client))
+        if replies is None:
+            replies = self._replies[id(client)] = _ReplyPipe(self._loop, client.reply_fd)
+        await replies.answered()
         return client.collect()
+
+
+class _ReplyPipe:
+    """Wakes a stream's handler when its reply pipe turns readable. The reader stays on the
+    loop while the stream lives: adding and removing it per step costs two epoll calls."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        self._loop, self._fd = loop, fd
+        self._waiter: asyncio.Future | None = None
+        self._watching = False
+        self._unwaited = 0  # calls in a row with no step waiting
+
+    async def answered(self) -> None:
+        """Return once the pipe holds the answer (or its end: ``collect`` then says so)."""
+        self._waiter, self._unwaited = self._loop.create_future(), 0
+        if not self._watching:
+            self._loop.add_reader(self._fd, self._ready)
+            self._watching = True
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _ready(self) -> None:
+        if self._waiter is None:
+            # Once: the answer's own wake-up, queued before the handler read it. Again: the
+            # pipe is at its end (the learner closed) and would wake the loop until the next
+            # step, so let go of it.
+            self._unwaited += 1
+            if self._unwaited > 1:
+                self.close()
+        elif not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def close(self) -> None:
+        if self._watching:
+            self._loop.remove_reader(self._fd)
+            self._watching = False
 
 
 _TIMED_OUT = object()

@@ -69,11 +69,44 @@ def from_wire(message: pb.Array, name: str, dtype: np.dtype, shape: tuple[int, .
     if message.dtype != dtype.str or tuple(message.shape) != shape:
         got = f"{message.dtype or '?'} {tuple(message.shape)}"
         raise ValueError(f"{name} is {got}, expected {dtype.str} {shape}")
-    if len(message.data) != math.prod(shape) * dtype.itemsize:
-        raise ValueError(f"{name} carries {len(message.data)} bytes for {dtype.str} {shape}")
-    if dtype == np.bool_ and message.data.translate(None, b"\x00\x01"):
+    data = message.data  # each read of a bytes field copies it out of the message: read once
+    if len(data) != math.prod(shape) * dtype.itemsize:
+        raise ValueError(f"{name} carries {len(data)} bytes for {dtype.str} {shape}")
+    if dtype == np.bool_ and data.translate(None, b"\x00\x01"):
         raise ValueError(f"{name} holds bytes other than 0 and 1 in a bool array")
-    return np.frombuffer(message.data, dtype).reshape(shape)
+    return np.frombuffer(data, dtype).reshape(shape)
+
+
+class ActionsReply:
+    """``LearnerMessage(actions=to_wire(actions))`` serialized, for one assignment's actions:
+    their dtype and shape never change, so the message is a fixed prefix and the raw bytes,
+    without building a message per step."""
+
+    def __init__(self, assignment: Assignment) -> None:
+        self._dtype = np.dtype(assignment.action_dtype)
+        self._shape = (assignment.num_envs, *assignment.action_shape)
+        size = math.prod(self._shape) * self._dtype.itemsize
+        head = pb.Array(dtype=self._dtype.str, shape=self._shape).SerializeToString()
+        head += b"\x1a" + _varint(size)  # field 3 (data), length-delimited; fields go in order
+        self._prefix = b"\x12" + _varint(len(head) + size) + head  # field 2 (actions)
+
+    def __call__(self, actions: np.ndarray) -> bytes:
+        actions = np.ascontiguousarray(actions, self._dtype).reshape(self._shape)
+        return self._prefix + actions.tobytes()
+
+
+def serialize(message: pb.LearnerMessage | bytes) -> bytes:
+    """gRPC's serializer for the learner's messages: ``ActionsReply``'s bytes pass as they are."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
 
 
 def decode_step(
