@@ -121,11 +121,12 @@ class GrpcActorClient(ActorTransport):
                 self.address = address
                 return first
             target = redirect_target(address, first.redirect.address)
+            hops = " -> ".join([*visited, target])
             if target in visited or len(visited) > MAX_REDIRECTS:
-                hops = " -> ".join([*visited, target])
+                how = "in a loop" if target in visited else f"more than {MAX_REDIRECTS} times"
                 raise Refused(
-                    f"the learner redirected this actor in a loop or too often ({hops}); "
-                    "check that --connect names the learner's listen_address"
+                    f"the learner redirected this actor {how} ({hops}); check that --connect "
+                    "names the learner's listen_address"
                 )
             visited.append(target)
             self._loop.run_until_complete(self._channel.close())  # this stream has ended

@@ -202,7 +202,7 @@ class ActorGateway:
         self.address = address if address.startswith("unix:") else _with_port(address, port)
 
     def serve_as_front_door(self, placement: Placement) -> None:
-        """Place every new actor with ``placement`` (before ``start``): this gateway is
+        """Place every new actor with ``placement`` (before actors dial it): this gateway is
         replica 0's, the one actors dial, and redirects some of them to the other replicas."""
         self.placement = placement
         # One machine's actors all pass this door on their way to any replica.
