@@ -38,6 +38,22 @@ def test_replicas_share_the_actors_batch_and_queue():
     assert train.replica_shard(0).total_frames == train.total_frames  # budgets stay global
 
 
+@pytest.mark.parametrize(
+    ("listen", "others"),
+    [
+        ("0.0.0.0:7000", ["0.0.0.0:0", "0.0.0.0:0"]),
+        ("[::1]:7000", ["[::1]:0", "[::1]:0"]),
+        ("unix:/tmp/l.sock", ["unix:/tmp/l.sock.replica-1", "unix:/tmp/l.sock.replica-2"]),
+    ],
+)
+def test_replicas_split_the_remote_slots_and_listen_beside_the_front_door(listen, others):
+    layer = {"learner_replicas": 3, "actors": 0, "batch": 12, "listen": listen, "remote_actors": 7}
+    train = resolve([layer]).train
+    shards = [train.replica_shard(r) for r in range(3)]
+    assert [s.remote_actors for s in shards] == [3, 2, 2]  # as many as asked, in all
+    assert [s.listen for s in shards] == [listen, *others]  # replica 0 is the front door
+
+
 def test_saved_config_round_trips():
     config = resolve([{"hidden_sizes": "32,16", "target_return": "none"}])
     again = resolve([config.to_dict()])
@@ -89,8 +105,13 @@ def test_saved_config_round_trips():
             "--batch 33 does not split evenly over --learner-replicas 2",
         ),
         (
-            {"learner_replicas": 2, "listen": "127.0.0.1:0"},
-            "--listen does not work with --learner-replicas yet",
+            {"learner_replicas": 2, "listen": "127.0.0.1:0", "remote_actors": 1},
+            "--remote-actors 1 is fewer than --learner-replicas 2: each replica serves remote "
+            "actors; give at least 2",
+        ),
+        (
+            {"learner_replicas": 2, "listen": "127.0.0.1:0", "gateways": 2},
+            "--gateways 2 works with one learner replica for now",
         ),
         ({"agent": "dqn", "unroll": 2}, "--unroll (2) must be >= --n-step (3)"),
         ({"agent": "dqn", "replay_ratio": 0}, "--replay-ratio must be positive or none"),

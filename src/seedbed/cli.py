@@ -222,6 +222,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
         return _print_config(_named_layers(args, skip))
     layers = _settings_layers(args, skip)
     train = resolve(layers).train  # here --actors counts the Ray actors
+    if train.learner_replicas > 1:  # its one LearnerHost runs one TrainingRun
+        raise SeedbedError(
+            "seedbed launch --ray runs one learner replica for now; leave --learner-replicas "
+            "at 1, or use seedbed train --learner-replicas N --listen ADDRESS with seedbed actor"
+        )
     # Every actor is remote: the learner listens (on the cluster, launch widens it with a token).
     layers.append({"actors": 0, "remote_actors": train.actors, "listen": "127.0.0.1:0"})
     layers = resolve_run_dir(layers)  # validates all settings before Ray starts

@@ -23,7 +23,7 @@ import yaml
 
 from seedbed.errors import ConfigError
 from seedbed.transport import check_transport
-from seedbed.transport.address import check_address
+from seedbed.transport.address import check_address, replica_address
 
 _NONE_WORDS = {"none", "null", "off"}
 
@@ -149,9 +149,15 @@ class TrainConfig:
     )
     # Remote actors (seedbed actor --connect) over gRPC; see seedbed.transport.remote.
     listen: str | None = setting(
-        None, "serve remote actors on HOST:PORT (port 0: any free one) or unix:PATH"
+        None,
+        "serve remote actors on HOST:PORT (port 0: any free one) or unix:PATH; with "
+        "--learner-replicas this is replica 0's, which places each actor on a replica",
     )
-    remote_actors: int = setting(8, "with --listen: most remote actors at once (slots)")
+    remote_actors: int = setting(
+        8,
+        "with --listen: most remote actors at once (slots), split over --learner-replicas as "
+        "evenly as they go",
+    )
     # 1 keeps the gateway in the learner's process: the simplest layout, and enough for a few
     # actors; processes take the decoding off the learner's interpreter (docs/benchmarks.md).
     gateways: int = setting(
@@ -281,10 +287,17 @@ class TrainConfig:
                     f"--{flag(name)} {getattr(self, name)} does not split evenly over "
                     f"--learner-replicas {n}; make it a multiple of {n}"
                 )
-        if self.listen:
+        if self.listen and self.remote_actors < n:
             raise ConfigError(
-                "--listen does not work with --learner-replicas yet: remote actors need one "
-                "learner; use one replica, or local actors only"
+                f"--remote-actors {self.remote_actors} is fewer than --learner-replicas {n}: "
+                f"each replica serves remote actors; give at least {n}"
+            )
+        if self.listen and self.gateways > 1:
+            # The front door places actors from its own gateway's count; gateway processes
+            # would each need every replica's.
+            raise ConfigError(
+                f"--gateways {self.gateways} works with one learner replica for now; with "
+                f"--learner-replicas {n} use --gateways 1 (each replica runs its own gateway)"
             )
 
     def _check_learner_process(self) -> None:
@@ -300,13 +313,18 @@ class TrainConfig:
 
     def replica_shard(self, replica_id: int) -> TrainConfig:
         """Replica ``replica_id``'s part of the run: its actors, its share of each batch and of
-        the queue, and seeds of its own (the networks still start alike: see ``seed``)."""
+        the queue, and seeds of its own (the networks still start alike: see ``seed``). With
+        --listen, its share of the remote slots (the first replicas take one more where they do
+        not split evenly) and its own address: replica 0 keeps --listen, the front door actors
+        dial, and the others listen beside it (``transport.address.replica_address``)."""
         n = self.learner_replicas
         if n == 1:
             return self
         return dataclasses.replace(
             self,
             actors=self.actors // n,
+            remote_actors=self.remote_actors // n + (replica_id < self.remote_actors % n),
+            listen=replica_address(self.listen, replica_id) if self.listen else None,
             batch=self.batch // n,
             queue_size=-(-self.queue_size // n),
             seed=self.seed + 10_007 * replica_id,

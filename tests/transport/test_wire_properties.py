@@ -19,11 +19,13 @@ from seedbed.agents import make_agent
 from seedbed.inference.server import InferenceServer
 from seedbed.replay import UnrollQueue
 from seedbed.resolve import resolve
+from seedbed.transport.address import check_address
 from seedbed.transport.base import Request
 from seedbed.transport.checks import MAX_ABS_REWARD
 from seedbed.transport.inprocess import InProcessServer
 from seedbed.transport.proto import actor_pb2 as pb
-from seedbed.transport.remote import GrpcActorClient
+from seedbed.transport.remote import PROTOCOL, GrpcActorClient, Placement, Refused
+from seedbed.transport.remote.client import redirect_target
 from seedbed.transport.remote.wire import Assignment, Malformed, decode_step, parse
 from seedbed.types import EnvSpec
 from tests.transport import test_remote
@@ -185,3 +187,51 @@ def test_arbitrary_bytes_on_a_real_stream_are_refused_and_actors_served(learner)
         client.close()
 
     one_stream()
+
+
+@pytest.mark.faults
+def test_arbitrary_first_messages_at_a_front_door_are_refused_before_any_redirect(learner):
+    front, other = learner(), learner()
+    # The front door has no slot of its own here: every hello it accepts is redirected.
+    placement = Placement([front.gateway.address, other.gateway.address], [0, 2])
+    front.gateway.serve_as_front_door(placement)
+
+    @settings(max_examples=40, deadline=None)
+    @given(data=st.binary(max_size=512))
+    def one_stream(data: bytes) -> None:
+        before = placement.redirects
+        ended = _raw_stream(front.gateway.address, data)
+        message = parse(data, limit=1 << 20)
+        hello = (
+            not isinstance(message, Malformed)
+            and message.WhichOneof("kind") == "hello"
+            and message.hello.protocol == PROTOCOL
+        )
+        assert placement.redirects == before + hello  # only a hello of ours is placed
+        if not hello:
+            code, details = ended
+            assert code in REFUSALS and details, ended
+        client = GrpcActorClient(front.gateway.address, token=TOKEN)
+        assert client.address == other.gateway.address
+        steps(client, 2)
+        client.close()
+
+    one_stream()
+
+
+@given(
+    sent=st.one_of(
+        st.text(max_size=300),
+        st.builds("{}:{}".format, st.sampled_from(["0.0.0.0", "[::]", "h", ""]), st.integers()),
+    ),
+    dialed=st.sampled_from(["127.0.0.1:7000", "[::1]:7000", "unix:/tmp/l.sock"]),
+)
+def test_any_redirect_address_is_followed_as_checked_or_refused_in_one_line(sent, dialed):
+    try:
+        target = redirect_target(dialed, sent)
+    except Refused as e:
+        assert "\n" not in str(e) and dialed in str(e)
+        return
+    check_address(target, "redirect")  # what the actor then dials is an address of its kind
+    assert target.startswith("unix:") == dialed.startswith("unix:")
+    assert not target.startswith(("0.0.0.0:", "[::]:"))  # a wildcard is the host dialed

@@ -137,8 +137,10 @@ def run_remote_actor(
 
     A lost connection is retried with exponential backoff (0.5 s doubling to 10 s, jittered).
     Each new stream is a new run id: the learner resets the actor's environments, and the actor
-    starts fresh episodes. Raises SeedbedError when the learner refuses the actor (token,
-    version) or stays unreachable for ``reconnect_for_s`` seconds.
+    starts fresh episodes. A replicated learner's front door (``address``) may send the actor to
+    another replica; a reconnect always starts at ``address``, to be placed again. Raises
+    SeedbedError when the learner refuses the actor (token, version, a bad redirect) or stays
+    unreachable for ``reconnect_for_s`` seconds.
     """
     from seedbed.transport.remote import GrpcActorClient, LearnerStopped
 
@@ -158,7 +160,9 @@ def run_remote_actor(
             continue
         failing_since, delay = None, 0.5
         job = client.assignment
-        log.info("acting in slot %d: %d x %s", job.slot, job.num_envs, job.env_id)
+        log.info(
+            "acting in slot %d of %s: %d x %s", job.slot, client.address, job.num_envs, job.env_id
+        )
         envs = policy = None
         try:
             import_plugins(job.plugins)  # what the learner's run registered, before its settings

@@ -122,9 +122,7 @@ class LearnerLoop:
             now = time.perf_counter()
             # Replica 0's clock and stop request decide for every replica.
             flags = (now >= next_log, now >= next_ckpt, self.stopping.requested.is_set())
-            log_now, checkpoint_now, stop_now = self.replica.broadcast(
-                torch.tensor(flags, dtype=torch.int32)
-            ).tolist()
+            log_now, checkpoint_now, stop_now = self._meet(torch.tensor(flags, dtype=torch.int32))
             if stop_now:
                 return "interrupted"
             row_frames = self._row_frames
@@ -139,6 +137,12 @@ class LearnerLoop:
                 if self.replica.is_primary:
                     save(now - start)
             watch.lap("logging_and_checkpoints")
+
+    def _meet(self, flags: torch.Tensor) -> list[int]:
+        """Replica 0's ``flags``, on every replica; with remote actors the same meeting tells
+        replica 0 how many each replica serves (``FrontDoor.meet``)."""
+        door = self.services.front_door
+        return (door.meet(flags) if door is not None else self.replica.broadcast(flags)).tolist()
 
     def close(self) -> None:
         """Stop a learner process: after the run's final checkpoint, which needs its state."""

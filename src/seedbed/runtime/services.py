@@ -1,6 +1,7 @@
 """What a training run runs beside its learner loop: the learner's buffer, the transport, the
 inference server and its thread, the policy publisher (and the policy board local actors read),
-the actor processes and their supervisor, and the gateway for remote actors.
+the actor processes and their supervisor, and the gateway for remote actors (with replicas,
+one per replica, replica 0's the front door: ``front_door``).
 
 ``Services.start`` makes them, registering how to undo each on the caller's ``ExitStack`` as it
 is made, so a failed start undoes what was made; ``Services.go`` starts the threads and
@@ -30,11 +31,13 @@ from seedbed.errors import SeedbedError
 from seedbed.inference.publish import PolicyPublisher
 from seedbed.inference.server import InferenceServer
 from seedbed.quantize import encode_policy
+from seedbed.replicate import ReplicaContext
+from seedbed.runtime.front_door import FrontDoor, shared_token
 from seedbed.runtime.supervisor import ActorSupervisor
 from seedbed.transport import backend
 from seedbed.transport.base import Fields, ServerTransport, TransportSpec
 from seedbed.transport.board import PolicyBoard
-from seedbed.transport.remote import ActorGateway, Assignment, read_secret, run_token
+from seedbed.transport.remote import ActorGateway, Assignment, read_secret
 from seedbed.transport.remote.gateway_process import GatewayProcesses
 from seedbed.types import Buffer, EnvSpec
 
@@ -89,12 +92,15 @@ class Services:
     console: Console  # where the gateway says how remote actors connect
     secrets: tuple[bytes | None, tuple[bytes, bytes] | None]  # ``read_secrets``'s
     threads: dict[str, int]  # ``thread_budget``'s
+    replica: ReplicaContext  # which replica this is, and the collectives the replicas meet with
     # Made by ``start``: None before.
     buffer: Buffer | None = dataclasses.field(default=None, init=False)
     server: InferenceServer | None = dataclasses.field(default=None, init=False)
     publisher: PolicyPublisher | None = dataclasses.field(default=None, init=False)
     supervisor: ActorSupervisor | None = dataclasses.field(default=None, init=False)
     gateway: ActorGateway | GatewayProcesses | None = dataclasses.field(default=None, init=False)
+    # With --listen and several replicas: how they place remote actors and count them.
+    front_door: FrontDoor | None = dataclasses.field(default=None, init=False)
     # Per actor slot: seconds stepping envs and waiting for actions, as the transport closed.
     actor_times: np.ndarray = dataclasses.field(
         default_factory=lambda: np.zeros((0, 2)), init=False
@@ -290,7 +296,7 @@ class Services:
         token, tls = self.secrets
         token_file = cfg.token_file
         if token is None:  # every listener has a token: this run's own, in its directory
-            token, path = run_token(self.run_dir)
+            token, path = shared_token(self.replica, self.run_dir)
             token_file = str(path)  # the console line below says where
         slots = list(range(cfg.actors, cfg.num_slots))
         board = None if self.publisher.board is None else self.publisher.board.handle
@@ -317,6 +323,18 @@ class Services:
                 board=board,
                 on_failure=functools.partial(self._died, "actor-gateway"),
             )
+        if self.replica.num_replicas > 1:
+            try:  # before the gateway serves, so that replica 0 places its very first actor
+                shares = [
+                    self.config.train.replica_shard(i).remote_actors
+                    for i in range(self.replica.num_replicas)
+                ]
+                self.front_door = FrontDoor(self.replica, gateway, shares)
+            except BaseException:
+                gateway.stop(0)
+                raise
+        if not self.replica.is_primary:
+            return gateway  # actors are told of the front door alone
         # Port 0 picks a free port: say which, for people and for scripts that start actors.
         (self.run_dir / "listen_address").write_text(gateway.address + "\n")
         self.console.print(

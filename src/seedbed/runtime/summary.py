@@ -17,8 +17,6 @@ from seedbed.replicate import ReplicaContext
 from seedbed.runtime.learner_loop import LearnerLoop
 from seedbed.runtime.progress import Progress
 from seedbed.runtime.services import Services
-from seedbed.transport.remote import ActorGateway
-from seedbed.transport.remote.gateway_process import GatewayProcesses
 from seedbed.types import EnvSpec
 
 
@@ -65,7 +63,7 @@ def run_summary(
         "skipped_steps": progress.skipped_steps,  # optimizer steps not taken: NaN or inf
         "learner_replicas": run.replica.num_replicas,
         "replicas_in_sync": in_sync,
-        "remote_actors": remote_summary(services.gateway),
+        "remote_actors": remote_summary(services),
         "refused_from_actors": refused_summary(services),
         # Replay's items stored, inserted and sampled (not checkpointed); None for the FIFO.
         "replay": services.buffer.stats(),
@@ -98,17 +96,28 @@ def frames_counted_as(spec: EnvSpec) -> str:
     return "environment steps (agent steps)"
 
 
-def remote_summary(gateway: ActorGateway | GatewayProcesses | None) -> dict[str, Any] | None:
-    """Where remote actors connected, how many did and how many were refused, and with
-    gateway processes how many connections each served; None without ``--listen``."""
+def remote_summary(services: Services) -> dict[str, Any] | None:
+    """Where remote actors connected, how many did and how many were refused; with replicas,
+    summed over them, with each replica's own (``replicas``) and the redirects the front door
+    sent; with gateway processes, how many connections each served; None without
+    ``--listen``."""
+    gateway, door = services.gateway, services.front_door
     if gateway is None:
         return None
+    if door is None or door.replicas is None:
+        return {
+            "address": gateway.address,
+            "connections": gateway.connections,
+            "refused": gateway.rejected_total,
+            "gateway_processes": getattr(gateway, "count", 0),
+            "connections_by_gateway": getattr(gateway, "served", None),
+        }
     return {
-        "address": gateway.address,
-        "connections": gateway.connections,
-        "refused": gateway.rejected_total,
-        "gateway_processes": getattr(gateway, "count", 0),
-        "connections_by_gateway": getattr(gateway, "served", None),
+        "address": gateway.address,  # the front door
+        "connections": sum(r["connections"] for r in door.replicas),
+        "refused": sum(r["refused"] for r in door.replicas),
+        "redirects": door.placement.redirects if door.placement is not None else None,
+        "replicas": door.replicas,
     }
 
 

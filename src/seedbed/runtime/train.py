@@ -122,6 +122,7 @@ class TrainingRun:
             console=self.console,
             secrets=secrets,
             threads=threads,
+            replica=self.replica,
         )
         self.stopping = StopRules(self.layout, self.progress)
         self.learner = LearnerLoop(
@@ -217,6 +218,8 @@ class TrainingRun:
         self.learner.updates.wait_all()  # a learner process's last updates count in the row
         self.learner.log_row(elapsed)  # the last row: the checkpoint's counters
         in_sync = replicas_in_sync(self.replica, self.agent.network)
+        if self.services.front_door is not None:
+            self.services.front_door.tally()  # a collective: what each replica's gateway served
         if not self.primary:
             return None
         self.files.close_logger()

@@ -93,14 +93,22 @@ class Stop(_message.Message):
     reason: str
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
+class Redirect(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
+
 class LearnerMessage(_message.Message):
-    __slots__ = ("assignment", "actions", "stop", "policy")
+    __slots__ = ("assignment", "actions", "stop", "policy", "redirect")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     actions: Array
     stop: Stop
     policy: Policy
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., actions: _Optional[_Union[Array, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ...) -> None: ...
+    redirect: Redirect
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., actions: _Optional[_Union[Array, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ...) -> None: ...

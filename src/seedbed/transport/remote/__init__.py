@@ -3,7 +3,8 @@
 ``wire`` is what crosses the network (``../proto/actor.proto``, arrays as raw bytes with dtype
 and shape, the ``Assignment``) and the secrets that guard it; ``gateway`` the learner's listener,
 which bridges each remote actor into a slot of the learner's server transport; ``client`` the
-actor's end of the stream (``seedbed actor``). The learner's side::
+actor's end of the stream (``seedbed actor``); ``placement`` which replica a replicated learner's
+front door gives a new actor. The learner's side::
 
     token, _ = run_token(run_dir)    # where no --token-file was given: every listener has one
     gateway = ActorGateway(address, slots, connect, assign, token, tls, board)
@@ -23,8 +24,15 @@ A remote actor's side::
 
 from __future__ import annotations
 
-from seedbed.transport.remote.client import GrpcActorClient, LearnerStopped, Refused, StreamBoard
+from seedbed.transport.remote.client import (
+    MAX_REDIRECTS,
+    GrpcActorClient,
+    LearnerStopped,
+    Refused,
+    StreamBoard,
+)
 from seedbed.transport.remote.gateway import HELLO_TIMEOUT_S, MAX_PENDING_HELLOS, ActorGateway
+from seedbed.transport.remote.placement import Placement
 from seedbed.transport.remote.wire import (
     METHOD,
     PROTOCOL,
@@ -38,12 +46,14 @@ from seedbed.transport.remote.wire import (
 __all__ = [
     "HELLO_TIMEOUT_S",
     "MAX_PENDING_HELLOS",
+    "MAX_REDIRECTS",
     "METHOD",
     "PROTOCOL",
     "ActorGateway",
     "Assignment",
     "GrpcActorClient",
     "LearnerStopped",
+    "Placement",
     "Refused",
     "StreamBoard",
     "from_wire",

@@ -3,6 +3,10 @@
 The actor says hello, reads its ``Assignment`` (what to run, in which slot) and then sends one
 ``Step`` per step of its environments and reads the answer: the actions, or with local inference
 a sign that the step was recorded, preceded by any newer policy the learner posted.
+
+A replicated learner's front door may answer the hello with a ``Redirect`` to another replica:
+the client then says hello there with the same token, after checking the address as ``--connect``
+is checked. It follows at most ``MAX_REDIRECTS`` of them and never one back to where it has been.
 """
 
 from __future__ import annotations
@@ -16,13 +20,17 @@ from typing import Any
 import grpc
 import numpy as np
 
-from seedbed.errors import SeedbedError
+from seedbed.errors import ConfigError, SeedbedError
+from seedbed.transport.address import check_address
 from seedbed.transport.base import ActorTransport
 from seedbed.transport.proto import actor_pb2 as pb
 from seedbed.transport.remote.wire import METHOD, PROTOCOL, Assignment, from_wire, to_wire
 
 _READY_POLL_S = 0.02  # how often an actor looks whether its channel has connected
 _CLOSE_WAIT_S = 1.0  # how long a closing actor waits for gRPC to finish its calls
+MAX_REDIRECTS = 3  # a front door sends an actor on once; more hops than this are a fault
+_MAX_ADDRESS_CHARS = 1024  # a longer redirect address is not one a learner would send
+_WILDCARD_HOSTS = ("0.0.0.0", "[::]", "::")  # a replica listening on every interface
 
 
 class LearnerStopped(ConnectionError):
@@ -73,11 +81,14 @@ class GrpcActorClient(ActorTransport):
         name: str | None = None,
         timeout_s: float = 10.0,
     ) -> None:
-        """``timeout_s``: how long to wait for the connection (a refused one fails at once)."""
+        """``timeout_s``: how long to wait for the connection (a refused one fails at once).
+        ``address`` is where the actor dials; ``self.address`` where it ended up (another
+        replica's gateway, when the front door redirected it)."""
         self._loop = asyncio.new_event_loop()
         self._channel: Any = None
+        self.address = address
         try:
-            first = self._run(self._open(address, token, tls_ca, name, timeout_s))
+            first = self._hello(address, token, tls_ca, name, timeout_s)
         except BaseException:
             self.close()
             raise
@@ -88,6 +99,38 @@ class GrpcActorClient(ActorTransport):
         self.board = StreamBoard()
         if self.assignment.local is not None:
             self._take(self._run(self._read()), want="policy")  # before the first step
+
+    def _hello(
+        self,
+        address: str,
+        token: bytes | None,
+        tls_ca: bytes | None,
+        name: str | None,
+        timeout_s: float,
+    ) -> pb.LearnerMessage:
+        """Say hello at ``address`` and return the learner's answer, following its redirects.
+
+        Raises:
+            Refused: A redirect to a malformed address, back to one already visited, or one
+                more than ``MAX_REDIRECTS``.
+        """
+        visited = [address]
+        while True:
+            first = self._run(self._open(address, token, tls_ca, name, timeout_s))
+            if first.WhichOneof("kind") != "redirect":
+                self.address = address
+                return first
+            target = redirect_target(address, first.redirect.address)
+            hops = " -> ".join([*visited, target])
+            if target in visited or len(visited) > MAX_REDIRECTS:
+                how = "in a loop" if target in visited else f"more than {MAX_REDIRECTS} times"
+                raise Refused(
+                    f"the learner redirected this actor {how} ({hops}); check that --connect "
+                    "names the learner's listen_address"
+                )
+            visited.append(target)
+            self._loop.run_until_complete(self._channel.close())  # this stream has ended
+            self._channel, address = None, target
 
     def _run(self, coroutine: Any) -> Any:
         """Run ``coroutine`` to completion, translating gRPC's errors into ours."""
@@ -218,6 +261,38 @@ class GrpcActorClient(ActorTransport):
             if late:
                 self._loop.run_until_complete(asyncio.wait(late))
         self._loop.close()
+
+
+def redirect_target(dialed: str, address: str) -> str:
+    """Where a redirect from the learner at ``dialed`` sends this actor: ``address``, checked as
+    ``--connect`` is and of the same kind as ``dialed`` (TCP to TCP, a Unix socket to a Unix
+    socket), with a wildcard host (a replica listening on every interface) replaced by the host
+    the actor dialed.
+
+    Raises:
+        Refused: One line saying why the address cannot be followed.
+    """
+    shown = address[:100] + ("..." if len(address) > 100 else "")
+    why = None
+    try:
+        check_address(address, "redirect")
+    except ConfigError:
+        why = "not HOST:PORT or unix:PATH"
+    if len(address) > _MAX_ADDRESS_CHARS:
+        why = "longer than any address a learner sends"
+    if why is None and address.startswith("unix:") != dialed.startswith("unix:"):
+        why = "not the kind of address the actor dialed"
+    if why is not None:
+        raise Refused(
+            f"the learner at {dialed} redirected this actor to {shown!r}, {why}: run the same "
+            "seedbed version on the learner and the actor"
+        )
+    if address.startswith("unix:"):
+        return address
+    host, _, port = address.rpartition(":")
+    if host in _WILDCARD_HOSTS:
+        host = dialed.rpartition(":")[0]
+    return f"{host}:{port}"
 
 
 async def _until_ready(channel: grpc.aio.Channel, address: str, timeout_s: float) -> None:

@@ -18,6 +18,12 @@ cannot lock actors out. Connections are bounded too: at most ``max_connections``
 actor whose steps carry non-finite values ``REFUSED_IN_A_ROW`` times in a row is disconnected
 (the inference server refuses each such step anyway).
 
+A replicated learner runs one gateway per replica. Replica 0's is the front door, the address
+actors are given: with a ``Placement`` (``serve_as_front_door``) it places each actor, after its
+token and hello are checked, on the replica with the fewest actors, serving it itself or
+answering its hello with a ``Redirect`` to that replica's gateway, where the actor starts over
+with the same checks.
+
 With local inference the actor acts itself: its steps carry what it acted (as actor processes
 write it into their rows), and the gateway sends it each newer policy from the learner's policy
 board before answering a step.
@@ -47,6 +53,7 @@ from seedbed.transport.base import Endpoint
 from seedbed.transport.board import BoardHandle
 from seedbed.transport.checks import REFUSED_IN_A_ROW, check_step
 from seedbed.transport.proto import actor_pb2 as pb
+from seedbed.transport.remote.placement import Placement
 from seedbed.transport.remote.wire import (
     PROTOCOL,
     ActionsReply,
@@ -194,6 +201,7 @@ class ActorGateway:
         self._max_bytes = _HEADROOM + (self._step_bytes(probe) if probe else 0)
         self.error: BaseException | None = None  # what ended the event loop, if anything did
         self._replies: dict[int, _ReplyPipe] = {}  # per open client, by id
+        self.placement: Placement | None = None  # the front door's (serve_as_front_door)
         self._on_failure = on_failure
         self._share_port = share_port
         self._loop = asyncio.new_event_loop()
@@ -208,6 +216,18 @@ class ActorGateway:
             self._close_loop()
             raise SeedbedError(f"--listen {address}: cannot listen there (in use, or no such host)")
         self.address = address if address.startswith("unix:") else _with_port(address, port)
+
+    def serve_as_front_door(self, placement: Placement) -> None:
+        """Place every new actor with ``placement`` (before actors dial it): this gateway is
+        replica 0's, the one actors dial, and redirects some of them to the other replicas."""
+        self.placement = placement
+        # One machine's actors all pass this door on their way to any replica.
+        self.max_per_peer = sum(placement.slots) + _COURTESIES
+
+    @property
+    def connected(self) -> int:
+        """Actors holding a slot now (read from any thread: a list's length is atomic)."""
+        return self._num_slots - len(self._free)
 
     def _run(self) -> None:
         """The gateway's thread: its event loop, until ``stop`` or an error ends it."""
@@ -316,6 +336,15 @@ class ActorGateway:
             if not self._authenticated(context):
                 await self._refuse_unauthenticated(requests)
             hello = await self._read_hello(requests)
+            redirect = self._redirect()
+            if redirect is not None:  # another replica takes it: this stream ends here
+                log.info(
+                    "actor %s sent to %s",
+                    safe_name(hello.actor_name or peer),
+                    redirect.redirect.address,
+                )
+                yield redirect
+                return
             assignment, client = await self._take_slot()
             slot = assignment.slot
             name = safe_name(hello.actor_name or peer)
@@ -404,6 +433,14 @@ class ActorGateway:
             grpc.StatusCode.UNAUTHENTICATED,
             "missing or wrong token: give the actor --token-file with the learner's token",
         )
+
+    def _redirect(self) -> pb.LearnerMessage | None:
+        """At the front door: a redirect where another replica should take the actor; None
+        where this gateway serves it (or refuses it, stopping or full, as it always does)."""
+        if self.placement is None or self._stopping.is_set():
+            return None
+        address = self.placement.place(self.connected)
+        return None if address is None else pb.LearnerMessage(redirect=pb.Redirect(address=address))
 
     async def _take_slot(self) -> tuple[Assignment, Any]:
         """A free slot's assignment and its open client (an ``ActorTransport`` with a

@@ -24,7 +24,9 @@ from seedbed.transport.proto import actor_pb2 as pb
 # 3: local inference (Step.acted, Assignment.local_json, Policy). 4: settings_json holds the env
 # family's settings by their flag names (Atari's backend is env_backend). 5: Assignment.plugins,
 # the modules an actor imports first (an actor of 4 would not, and fail on a plug-in's env).
-PROTOCOL = 5
+# 6: LearnerMessage.redirect, a replicated learner's front door sending an actor to another
+# replica (an actor of 5 would take it for a broken assignment).
+PROTOCOL = 6
 METHOD = "/seedbed.v1.Learner/Act"
 
 

@@ -1,0 +1,109 @@
+"""Remote actors of a replicated learner: one gateway per replica, replica 0's the front door.
+
+Every replica listens on its own address (``TrainConfig.replica_shard``) with its share of the
+remote slots, and with the same token: the run's own token is made by replica 0 and sent to
+the others over the replicas' process group, so nothing here needs a shared file system or
+host. The replicas then exchange their gateways' addresses, and replica 0's gateway places
+each new actor with a ``Placement`` of them (``transport.remote.placement``).
+
+The placement needs every replica's connected actors. The replicas already meet after each
+learner step, where replica 0 says whether to log, checkpoint or stop; with remote actors that
+meeting is one gather instead of a broadcast, which brings replica 0's decision to all and
+every replica's count of actors to replica 0 (``FrontDoor.meet``). At the end ``tally`` gathers
+how many actors each replica served, for ``summary.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seedbed.replicate import ReplicaContext
+from seedbed.transport.remote import ActorGateway, Placement, run_token
+from seedbed.transport.remote.wire import TOKEN_FILE
+
+
+def shared_token(replica: ReplicaContext, run_dir: Path) -> tuple[bytes, Path]:
+    """The run's own token (``wire.run_token``) and its file: made by replica 0, sent to the
+    others, which read no file (replica 0 may still be writing it, or on another host)."""
+    if replica.is_primary:
+        token, path = run_token(run_dir)
+    else:
+        token, path = b"", Path(run_dir) / TOKEN_FILE
+    if replica.num_replicas > 1:
+        token = _broadcast_bytes(replica, token)
+    return token, path
+
+
+def gather_addresses(replica: ReplicaContext, address: str) -> list[str]:
+    """Every replica's gateway address, in replica order."""
+    return [_bytes_of(row).decode() for row in _gather_bytes(replica, address.encode())]
+
+
+class FrontDoor:
+    """A replica's part in placing remote actors: its gateway, and on replica 0 the placement.
+
+    The call loop, on every replica (each call is a collective)::
+
+        door = FrontDoor(replica, gateway, slots)   # after the gateway is made, before it starts
+        decided = door.meet(flags)                  # after each learner step: replica 0's flags
+        door.tally()                                # at the end: what each replica served
+    """
+
+    def __init__(self, replica: ReplicaContext, gateway: ActorGateway, slots: list[int]) -> None:
+        """``slots``: every replica's remote slots, in replica order."""
+        self.replica, self.gateway = replica, gateway
+        addresses = gather_addresses(replica, gateway.address)
+        self.addresses = addresses
+        self.placement: Placement | None = None
+        if replica.is_primary:
+            self.placement = Placement(addresses, slots)
+            gateway.serve_as_front_door(self.placement)
+        # Per replica, once ``tally`` ran: its address, actors served and streams refused.
+        self.replicas: list[dict[str, Any]] | None = None
+
+    def meet(self, flags: torch.Tensor) -> torch.Tensor:
+        """Replica 0's ``flags`` on every replica, as ``replica.broadcast`` gives them; on the
+        way, replica 0 learns every replica's connected actors."""
+        mark = self.placement.mark() if self.placement is not None else None
+        here = torch.tensor([self.gateway.connected], dtype=flags.dtype)
+        gathered = self.replica.all_gather(torch.cat([flags, here]))
+        if self.placement is not None:
+            self.placement.update(gathered[:, -1].tolist(), mark)
+        return gathered[0, :-1]
+
+    def tally(self) -> list[dict[str, Any]]:
+        """What each replica's gateway did, gathered on every replica: its address, the actors
+        it served (``connections``) and the streams it refused."""
+        gateway = self.gateway
+        counts = self.replica.all_gather(
+            torch.tensor([gateway.connections, gateway.rejected_total], dtype=torch.int64)
+        ).tolist()
+        self.replicas = [
+            {"address": address, "connections": served, "refused": refused}
+            for address, (served, refused) in zip(self.addresses, counts, strict=True)
+        ]
+        return self.replicas
+
+
+def _broadcast_bytes(replica: ReplicaContext, data: bytes) -> bytes:
+    size = replica.broadcast(torch.tensor([len(data)], dtype=torch.int64))
+    buffer = torch.zeros(int(size[0]), dtype=torch.uint8)
+    if replica.is_primary:
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return _bytes_of(replica.broadcast(buffer))
+
+
+def _gather_bytes(replica: ReplicaContext, data: bytes) -> list[torch.Tensor]:
+    """Every replica's ``data``, each cut back to its own length."""
+    sizes = replica.all_gather(torch.tensor([len(data)], dtype=torch.int64))[:, 0].tolist()
+    padded = torch.zeros(max(sizes), dtype=torch.uint8)
+    padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    rows = replica.all_gather(padded)
+    return [row[:size] for row, size in zip(rows, sizes, strict=True)]
+
+
+def _bytes_of(values: torch.Tensor) -> bytes:
+    return bytes(values.tolist())
