@@ -5,6 +5,7 @@ refuse a bad one. The security checks (token, protocol, hello) come before any r
 from __future__ import annotations
 
 import contextlib
+import time
 from concurrent import futures
 
 import grpc
@@ -98,7 +99,10 @@ def test_actors_at_the_front_door_spread_over_the_replicas_and_step_there(learne
         steps(client, 3)  # each in its own replica's slot, answered there
     with pytest.raises(ConnectionError, match="slots are taken"):  # every replica is full
         GrpcActorClient(front.gateway.address, token=TOKEN)
-    clients[1].close()  # one of replica 1's actors leaves
+    clients[1].close()  # one of replica 1's actors leaves; its gateway learns of it on its loop
+    deadline = time.monotonic() + 10
+    while other.gateway.connected != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     placement.update([2, other.gateway.connected], placement.mark())
     again = GrpcActorClient(front.gateway.address, token=TOKEN)
     assert again.address == other.gateway.address
