@@ -3,9 +3,9 @@ metrics row and the stop rules, every ``--checkpoint-every-s`` a checkpoint. The
 the loop's thread, or with ``--learner-process`` in a process of their own (``updates``).
 
 With ``--learner-replicas`` the replicas meet only after a learner step, where replica 0's clock
-and stop request decide for every replica whether to log, checkpoint or stop; a row's counters
-are merged over all replicas (``replica_stats``), so all reach the same stop decision, and replica
-0 alone writes rows and checkpoints.
+decides for every replica whether to log or checkpoint, and any replica's stop request stops
+them all; a row's counters are merged over all replicas (``replica_stats``), so all reach the
+same stop decision, and replica 0 alone writes rows and checkpoints.
 """
 
 from __future__ import annotations
@@ -120,10 +120,12 @@ class LearnerLoop:
             if replicated and batch is None:
                 continue  # replicas meet only after a step, so all make the same collectives
             now = time.perf_counter()
-            # Replica 0's clock and stop request decide for every replica.
-            flags = (now >= next_log, now >= next_ckpt, self.stopping.requested.is_set())
-            log_now, checkpoint_now, stop_now = self.replica.broadcast(
-                torch.tensor(flags, dtype=torch.int32)
+            # Replica 0's clock decides for every replica, and any replica's stop request: on
+            # several machines a signal may reach one replica alone. One collective for both.
+            stop = self.stopping.requested.is_set()
+            due = (now >= next_log, now >= next_ckpt) if self.replica.is_primary else (0, 0)
+            log_now, checkpoint_now, stop_now = self.replica.all_reduce(
+                torch.tensor((*due, stop), dtype=torch.int32), "max"
             ).tolist()
             if stop_now:
                 return "interrupted"
