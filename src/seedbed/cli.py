@@ -248,12 +248,23 @@ def cmd_launch(args: argparse.Namespace) -> int:
         return _print_config(_named_layers(args, skip))
     layers = _settings_layers(args, skip)
     train = resolve(layers).train  # here --actors counts the Ray actors
-    # Every actor is remote: the learner listens (on the cluster, launch widens it with a token).
-    layers.append({"actors": 0, "remote_actors": train.actors, "listen": "127.0.0.1:0"})
+    if train.learner_replicas == 1:
+        # Every actor is remote: the learner listens (on a cluster, launch widens it with a
+        # token). Replicas instead each start their share of the actors on their own node.
+        layers.append({"actors": 0, "remote_actors": train.actors, "listen": "127.0.0.1:0"})
+    if train.learner_replicas > 1 and args.fit_actors:
+        raise SeedbedError(
+            "--fit-actors is for remote actors; replicas start their actors on their own nodes"
+        )
     layers = resolve_run_dir(layers)  # validates all settings before Ray starts
     gpus = float(train.device == "cuda")
     placement = Placement(
-        train.actors, args.actor_cpus, args.learner_cpus, gpus, fit_actors=args.fit_actors
+        train.actors,
+        args.actor_cpus,
+        args.learner_cpus,
+        gpus,
+        fit_actors=args.fit_actors,
+        replicas=train.learner_replicas,
     )
     signal.signal(signal.SIGTERM, _interrupt)
     address = None if args.ray == "local" else args.ray

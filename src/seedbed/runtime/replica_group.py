@@ -118,6 +118,10 @@ def from_primary(replica: ReplicaContext, make: Callable[[], bytes]) -> bytes:
     return data
 
 
+class ReplicaLost(SeedbedError):
+    """A replica was lost mid-run (its process or machine died), as a surviving one tells it."""
+
+
 @contextlib.contextmanager
 def lost_replica_line(replica: ReplicaContext, config: RunConfig) -> Iterator[None]:
     """Turn a collective that failed because a replica was lost into ``replica_lost``'s line."""
@@ -129,7 +133,7 @@ def lost_replica_line(replica: ReplicaContext, config: RunConfig) -> Iterator[No
         raise replica_lost(replica, config, e) from e
 
 
-def replica_lost(replica: ReplicaContext, config: RunConfig, error: BaseException) -> SeedbedError:
+def replica_lost(replica: ReplicaContext, config: RunConfig, error: BaseException) -> ReplicaLost:
     """The one line for a replica lost mid-run, as this (surviving) replica tells it."""
     n, me = replica.num_replicas, replica.replica_id
     lost = lost_replicas()
@@ -147,7 +151,7 @@ def replica_lost(replica: ReplicaContext, config: RunConfig, error: BaseExceptio
         kept = f"its newest complete checkpoint is {newest}" if newest else "it has no checkpoint"
     else:
         kept = f"replica 0 keeps its newest complete checkpoint in {run_dir}"
-    return SeedbedError(
+    return ReplicaLost(
         f"{what}; replica {me} stopped the run, and {kept}: start all {n} replicas again "
         "with --resume to continue"
     )

@@ -30,6 +30,7 @@ import multiprocessing
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -280,13 +281,20 @@ def train(config: RunConfig, console: Console | None = None) -> dict[str, Any] |
         return spawn(replicas, _run_replica, config, stop)[0]
 
 
-def train_replica(config: RunConfig, console: Console | None = None) -> dict[str, Any] | None:
+def train_replica(
+    config: RunConfig,
+    console: Console | None = None,
+    made: Callable[[TrainingRun], None] | None = None,
+) -> dict[str, Any] | None:
     """Run as one replica of the learner a launcher started (torchrun; ``launched_replicas``).
 
     Joins the process group (env://; gloo on CPU, NCCL with ``--device cuda`` on the GPU of
     this process's ``LOCAL_RANK``), takes replica 0's settings, and trains. Returns the summary
     on replica 0, None on the others. SIGINT and SIGTERM stop the run in order: any replica's
-    stop request stops all of them at the same learner step.
+    stop request stops all of them at the same learner step. ``made`` is handed the run once
+    it is made (the Ray launcher follows and stops it from other threads).
+
+    A launcher that formed the process group itself (the Ray launcher) leaves it to this one.
     """
     world = launched_replicas()
     if config.train.learner_replicas != world:
@@ -305,7 +313,9 @@ def train_replica(config: RunConfig, console: Console | None = None) -> dict[str
             )
         config = share_config(replica, config)
         run = TrainingRun(config, console, replica=replica)
-        with StopSignals(run.request_stop, STOP_GRACE_S):
+        if made is not None:
+            made(run)
+        with StopSignals(run.request_stop, STOP_GRACE_S):  # in the main thread only
             return run.run()
 
 
