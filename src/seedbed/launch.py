@@ -389,7 +389,8 @@ def launch_replicas(
         layers = [*layers, {"progress": False}]  # the driver prints the progress
         results = [host.train.remote(layers, store, REPLICA_TIMEOUT_S) for host in hosts]
         _follow_replicas(hosts[0], results, console)
-        outcomes = _replica_outcomes(results, node_ids)
+        run_dir = next(layer["run_dir"] for layer in reversed(layers) if "run_dir" in layer)
+        outcomes = _replica_outcomes(results, node_ids, run_dir)
         summary = outcomes[0]["summary"]
         summary["launch"] = {
             "learner_replicas": n,
@@ -435,7 +436,9 @@ def _follow_replicas(primary: Any, results: list[Any], console: Console) -> None
         ray.wait(results, num_returns=len(results))
 
 
-def _replica_outcomes(results: list[Any], node_ids: list[str]) -> list[dict[str, Any]]:
+def _replica_outcomes(
+    results: list[Any], node_ids: list[str], run_dir: str
+) -> list[dict[str, Any]]:
     """Every replica's outcome, or one line for the first that died (its process or node lost)
     or else failed; the others only report that they lost it."""
     import ray
@@ -462,8 +465,8 @@ def _replica_outcomes(results: list[Any], node_ids: list[str]) -> list[dict[str,
     rank, error = min(errors, key=lambda x: x[0])
     if rank == 0:  # died: its own line said nothing
         raise SeedbedError(
-            f"{error}; the run stopped, and its newest complete checkpoint stays in the run "
-            "directory: launch it again with --resume"
+            f"{error}; the run stopped, and its newest complete checkpoint stays in {run_dir} "
+            "on replica 0's node: launch it again with --resume"
         )
     raise error
 
