@@ -363,7 +363,8 @@ def launch_replicas(
     strategy = "STRICT_SPREAD" if nodes >= n else "SPREAD"
     if nodes < n:
         console.print(
-            f"the Ray cluster has {_many(nodes, 'node')} for {n} replicas: some share one"
+            f"the Ray cluster has {_many(nodes, 'node')} for {n} replicas: some replicas share "
+            "a node (placement SPREAD, not STRICT_SPREAD)"
         )
     group = placement_group([bundle] * n, strategy=strategy)
     hosts: list[Any] = []

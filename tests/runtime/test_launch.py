@@ -242,3 +242,23 @@ def test_a_replica_killed_on_ray_is_named_and_the_run_resumes(tmp_path, two_node
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "total_frames" and summary["frames"] >= 8000
     assert summary["replicas_in_sync"] is True
+
+
+@pytest.mark.distributed
+def test_replicas_on_a_one_node_ray_share_it_and_say_so(tmp_path, nothing_left_behind):
+    run = tmp_path / "run"
+    flags = ["--envs-per-actor", "4", "--unroll", "8", "--batch", "8", "--total-frames", "3000"]
+    flags += ["--target-return", "none", "--learner-cpus", "0.5"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seedbed", "launch", "--ray", "--learner-replicas", "2"]
+        + ["--actor-cpus", "0.5", "--run-dir", str(run), "--no-energy", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    code, _, err = finish(proc)
+    assert code == 0, err[-3000:]
+    assert "the Ray cluster has 1 node for 2 replicas: some replicas share a node" in err
+    launched = json.loads((run / "summary.json").read_text())["launch"]
+    assert launched["placement_strategy"] == "SPREAD"
+    assert len({r["node_id"] for r in launched["replicas"]}) == 1
