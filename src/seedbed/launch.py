@@ -16,6 +16,11 @@ Without ADDRESS a local Ray is started and the learner listens on 127.0.0.1. Wit
 learner listens on its node's address (the one Ray uses, not every interface). Either way it
 needs a fresh random token, which Ray hands to the actors (Ray's own channel between nodes is
 trusted, as Ray requires): other users of the machine cannot join.
+
+With ``--learner-replicas N`` there are no remote actors: N ``ReplicaHost`` Ray actors, on
+distinct nodes where the cluster has enough, each run a learner replica with its share of the
+actors as local processes (``launch_replicas``), and form their process group through a store
+that replica 0 opens.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import tempfile
 import threading
 import time
@@ -196,21 +202,32 @@ class ReplicaHost:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.run: Any = None  # the TrainingRun, once made
         self._store: Any = None
+        self._folder: str | None = None  # replica 0's, holding a local Ray's store file
 
     def node(self) -> str:
         return self.node_id
 
-    def rendezvous(self, timeout_s: float) -> tuple[str, int]:
-        """Replica 0: open the group's store on this node's address, on a port the system
-        picks; returns where the other replicas find it."""
-        from torch.distributed import TCPStore
+    def rendezvous(self, timeout_s: float) -> tuple[str, int | str]:
+        """Replica 0: open the group's store; returns where the other replicas find it.
 
+        On a cluster, a ``TCPStore`` on this node's address and a port the system picks (it
+        listens on every interface of the node, as torch's store does). With a Ray that the
+        launch started, every replica is on this machine: a file in a private folder, as
+        ``replicate.spawn`` uses, so nothing listens at all.
+        """
+        import torch.distributed as dist
+
+        if self.ip == "127.0.0.1":
+            self._folder = tempfile.mkdtemp(prefix="seedbed-replicas-")  # mode 0700
+            path = os.path.join(self._folder, "store")
+            self._store = dist.FileStore(path, self.replicas)
+            return "file", path
         wait = datetime.timedelta(seconds=timeout_s)
-        self._store = TCPStore(self.ip, 0, self.replicas, True, wait, wait_for_workers=False)
+        self._store = dist.TCPStore(self.ip, 0, self.replicas, True, wait, wait_for_workers=False)
         return self.ip, self._store.port
 
     def train(
-        self, layers: list[dict[str, Any]], store: tuple[str, int], timeout_s: float
+        self, layers: list[dict[str, Any]], store: tuple[str, int | str], timeout_s: float
     ) -> dict[str, Any]:
         """Join the group through replica 0's store and train; returns replica 0's summary
         (None on the others), this node's id and how many actors this replica served."""
@@ -231,8 +248,10 @@ class ReplicaHost:
         if cuda:
             torch.cuda.set_device(0)  # Ray shows this actor its own GPU alone
         wait = datetime.timedelta(seconds=timeout_s)
-        if self._store is None:
-            self._store = dist.TCPStore(*store, self.replicas, False, wait)
+        if self._store is None and store[0] == "file":
+            self._store = dist.FileStore(str(store[1]), self.replicas)
+        elif self._store is None:
+            self._store = dist.TCPStore(store[0], int(store[1]), self.replicas, False, wait)
         dist.init_process_group(
             "nccl" if cuda else "gloo",
             store=self._store,
@@ -248,6 +267,9 @@ class ReplicaHost:
             if dist.is_initialized():
                 dist.destroy_process_group()
             raise
+        finally:
+            if self._folder is not None:
+                shutil.rmtree(self._folder, ignore_errors=True)
         return {"summary": summary, "node_id": self.node_id, "actors": self.run.layout.actors}
 
     def _made(self, run: Any) -> None:
