@@ -129,3 +129,17 @@ def test_a_conflicting_learner_replicas_is_refused_in_one_line(tmp_path, no_leak
         assert_one_line_error(
             out.split("Traceback")[0], "--learner-replicas 4 (flag) does not match the 2"
         )
+
+
+def test_replica_0s_refusal_of_its_run_directory_is_every_replicas_line(tmp_path, no_leaks):
+    """Replica 1 has no run directory at all; replica 0's holds a run already. Both stop with
+    replica 0's line, which reached replica 1 over the process group."""
+    held = tmp_path / "node0" / "run" / "checkpoints"
+    held.mkdir(parents=True)
+    (held / "ckpt-000000001000.pt").write_bytes(b"")
+    nodes = two_nodes(tmp_path, *TINY, "--run-dir", "run", "--total-frames", "3000")
+    for proc in nodes:
+        code, out, _ = finish(proc, timeout=120)
+        assert code != 0
+        assert_one_line_error(out.split("Traceback")[0], "run already holds a run", "--resume")
+    assert not (tmp_path / "node1" / "run").exists()
