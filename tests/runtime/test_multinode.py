@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from seedbed.runtime.checkpoint import list_checkpoints, load_checkpoint
-from tests.conftest import finish
+from tests.conftest import finish, wait_for_frames
 from tests.runtime.test_faults import assert_one_line_error
 
 # One worker for these: four training processes at once are all the two cores can carry.
@@ -143,3 +143,20 @@ def test_replica_0s_refusal_of_its_run_directory_is_every_replicas_line(tmp_path
         assert code != 0
         assert_one_line_error(out.split("Traceback")[0], "run already holds a run", "--resume")
     assert not (tmp_path / "node1" / "run").exists()
+
+
+def test_a_stop_signal_on_one_node_stops_every_replica_in_order(tmp_path, no_leaks):
+    """SIGTERM to replica 1's torchrun alone (a scheduler stopping one machine): torchrun
+    passes it to its replica, whose stop request stops all of them at the same learner step;
+    replica 0 writes the final checkpoint and summary."""
+    flags = [*TINY, "--run-dir", "run", "--total-frames", "100000000"]
+    first, second = two_nodes(tmp_path, *flags)
+    run = tmp_path / "node0" / "run"
+    wait_for_frames(run, 2000, first)
+    second.send_signal(signal.SIGTERM)
+    (_, out0, _), (_, out1, _) = finish(first, timeout=120), finish(second, timeout=120)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted", out0[-3000:]
+    assert summary["replicas_in_sync"] is True
+    assert list_checkpoints(run / "checkpoints")[-1].name == f"ckpt-{summary['frames']:012d}.pt"
+    assert "this replica is done" in out1, out1[-3000:]
