@@ -138,9 +138,11 @@ def replica_lost(replica: ReplicaContext, config: RunConfig, error: BaseExceptio
     n, me = replica.num_replicas, replica.replica_id
     lost = lost_replicas()
     first = _first_words(error)
-    if lost:
+    if len(lost or ()) == 1:
+        what = f"replica {lost[0]} of {n} was lost (its process or machine died; {first})"
+    elif lost:
         who = ", ".join(map(str, lost))
-        what = f"replica {who} of {n} was lost (its process or machine died; {first})"
+        what = f"replicas {who} of {n} were lost (their processes or machines died; {first})"
     elif lost is None:
         what = f"the replicas' rendezvous host was lost ({first})"
     else:
