@@ -16,7 +16,7 @@ from typing import Any
 
 from seedbed import __version__
 from seedbed.config import TRAIN_GROUPS, TrainConfig, add_arguments, coerce, load_yaml
-from seedbed.errors import SeedbedError
+from seedbed.errors import ConfigError, SeedbedError
 from seedbed.plugins import import_plugins
 from seedbed.resolve import Layer, explain, resolve, resolve_with_sources
 from seedbed.transport.address import check_address
@@ -77,6 +77,9 @@ def _family_group(
     add_arguments(group, family.settings_class, seen, shown)
 
 
+_RESUMED = "the resumed run"  # the name of the layer of a resumed run's saved settings
+
+
 def _named_layers(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> list[Layer]:
     """The setting layers the user gave, named: a resumed run's config, --config, then flags."""
     own = ("command", "config", "verbose", "print_config", *skip)
@@ -84,7 +87,7 @@ def _named_layers(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> list[
     layers: list[Layer] = []
     if flags.get("resume") and flags.get("run_dir"):
         run_dir = Path(flags["run_dir"])
-        layers.append((f"the resumed run {run_dir}", _resumed_settings(run_dir)))
+        layers.append((f"{_RESUMED} {run_dir}", _resumed_settings(run_dir)))
     if args.config:
         layers.append((f"--config {args.config}", load_yaml(args.config)))
     layers.append(("flag", flags))
@@ -173,16 +176,39 @@ def _train_parser(subparsers: Any, shown: dict[str, Any] | None) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from seedbed.runtime.train import train
 
+    named = _named_layers(args)
+    named.extend(_launcher_layers(named))
     if args.print_config:
-        return _print_config(_named_layers(args))
-    config = resolve(_settings_layers(args))
+        return _print_config(named)
+    config = resolve([values for _, values in named])
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop ends the run as Ctrl-C does
     summary = train(config)  # which stops in order at a signal (runtime/signals.py)
     # The run is over and written: the late second of two quick signals must not break the
     # exit with a traceback.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    if summary is None:  # a replica other than 0, under torchrun
+        print("this replica is done; replica 0 wrote the run's files")
+        return 0
     return _report(summary)
+
+
+def _launcher_layers(named: list[Layer]) -> list[Layer]:
+    """Under torchrun (``WORLD_SIZE`` processes): one replica each, whatever the resumed run's
+    settings said; a ``--learner-replicas`` given that disagrees is refused in one line."""
+    from seedbed.replicate import launched_replicas
+
+    world = launched_replicas()
+    if world == 1:
+        return []
+    for name, values in named:
+        given = values.get("learner_replicas")
+        if given is not None and not name.startswith(_RESUMED) and int(given) != world:
+            raise ConfigError(
+                f"--learner-replicas {given} ({name}) does not match the {world} processes "
+                "torchrun started (WORLD_SIZE), one replica each; leave it out"
+            )
+    return [("torchrun's WORLD_SIZE", {"learner_replicas": world})]
 
 
 def _launch_parser(subparsers: Any, shown: dict[str, Any] | None) -> None:
@@ -222,17 +248,23 @@ def cmd_launch(args: argparse.Namespace) -> int:
         return _print_config(_named_layers(args, skip))
     layers = _settings_layers(args, skip)
     train = resolve(layers).train  # here --actors counts the Ray actors
-    if train.learner_replicas > 1:  # its one LearnerHost runs one TrainingRun
+    if train.learner_replicas == 1:
+        # Every actor is remote: the learner listens (on a cluster, launch widens it with a
+        # token). Replicas instead each start their share of the actors on their own node.
+        layers.append({"actors": 0, "remote_actors": train.actors, "listen": "127.0.0.1:0"})
+    if train.learner_replicas > 1 and args.fit_actors:
         raise SeedbedError(
-            "seedbed launch --ray runs one learner replica for now; leave --learner-replicas "
-            "at 1, or use seedbed train --learner-replicas N --listen ADDRESS with seedbed actor"
+            "--fit-actors is for remote actors; replicas start their actors on their own nodes"
         )
-    # Every actor is remote: the learner listens (on the cluster, launch widens it with a token).
-    layers.append({"actors": 0, "remote_actors": train.actors, "listen": "127.0.0.1:0"})
     layers = resolve_run_dir(layers)  # validates all settings before Ray starts
     gpus = float(train.device == "cuda")
     placement = Placement(
-        train.actors, args.actor_cpus, args.learner_cpus, gpus, fit_actors=args.fit_actors
+        train.actors,
+        args.actor_cpus,
+        args.learner_cpus,
+        gpus,
+        fit_actors=args.fit_actors,
+        replicas=train.learner_replicas,
     )
     signal.signal(signal.SIGTERM, _interrupt)
     address = None if args.ray == "local" else args.ray

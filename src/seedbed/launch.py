@@ -16,15 +16,22 @@ Without ADDRESS a local Ray is started and the learner listens on 127.0.0.1. Wit
 learner listens on its node's address (the one Ray uses, not every interface). Either way it
 needs a fresh random token, which Ray hands to the actors (Ray's own channel between nodes is
 trusted, as Ray requires): other users of the machine cannot join.
+
+With ``--learner-replicas N`` there are no remote actors: N ``ReplicaHost`` Ray actors, on
+distinct nodes where the cluster has enough, each run a learner replica with its share of the
+actors as local processes (``launch_replicas``), and form their process group through a store
+that replica 0 opens.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import logging
 import os
 import secrets
+import shutil
 import tempfile
 import threading
 import time
@@ -38,6 +45,11 @@ from seedbed.telemetry import write_json_atomic
 
 log = logging.getLogger(__name__)
 
+# How long a placement group may wait for room on the cluster before the launch is refused.
+PLACEMENT_WAIT_S = 60.0
+# How long a replica's collective waits for a missing peer: past it, the replicas stop.
+REPLICA_TIMEOUT_S = 60.0
+
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
@@ -48,6 +60,7 @@ class Placement:
     learner_cpus: float = 1.0
     learner_gpus: float = 0.0
     fit_actors: bool = False  # start as many actors as fit, rather than refuse to start
+    replicas: int = 1  # learner replicas: above 1, one Ray actor each, with local actors
 
 
 def actors_to_start(placement: Placement, resources: dict[str, float]) -> int:
@@ -175,6 +188,110 @@ class ActorHost:
         return run_remote_actor(address, token.encode())
 
 
+class ReplicaHost:
+    """A Ray actor that runs one learner replica, with its share of the actors as local
+    processes on its own node; ``train`` blocks, the other methods answer meanwhile."""
+
+    def __init__(self, replica: int, replicas: int, cluster: bool) -> None:
+        import ray
+
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        self.replica, self.replicas = replica, replicas
+        # The group's store and gloo stay on loopback with a Ray this command started.
+        self.ip = ray.util.get_node_ip_address() if cluster else "127.0.0.1"
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.run: Any = None  # the TrainingRun, once made
+        self._store: Any = None
+        self._folder: str | None = None  # replica 0's, holding a local Ray's store file
+
+    def node(self) -> str:
+        return self.node_id
+
+    def rendezvous(self, timeout_s: float) -> tuple[str, int | str]:
+        """Replica 0: open the group's store; returns where the other replicas find it.
+
+        On a cluster, a ``TCPStore`` on this node's address and a port the system picks (it
+        listens on every interface of the node, as torch's store does). With a Ray that the
+        launch started, every replica is on this machine: a file in a private folder, as
+        ``replicate.spawn`` uses, so nothing listens at all.
+        """
+        import torch.distributed as dist
+
+        if self.ip == "127.0.0.1":
+            self._folder = tempfile.mkdtemp(prefix="seedbed-replicas-")  # mode 0700
+            path = os.path.join(self._folder, "store")
+            self._store = dist.FileStore(path, self.replicas)
+            return "file", path
+        wait = datetime.timedelta(seconds=timeout_s)
+        self._store = dist.TCPStore(self.ip, 0, self.replicas, True, wait, wait_for_workers=False)
+        return self.ip, self._store.port
+
+    def train(
+        self, layers: list[dict[str, Any]], store: tuple[str, int | str], timeout_s: float
+    ) -> dict[str, Any]:
+        """Join the group through replica 0's store and train; returns replica 0's summary
+        (None on the others), this node's id and how many actors this replica served."""
+        import torch
+        import torch.distributed as dist
+
+        from seedbed.replicate.spawn import TIMEOUT_ENV
+        from seedbed.resolve import resolve
+        from seedbed.runtime.train import train_replica
+
+        env = {"RANK": self.replica, "WORLD_SIZE": self.replicas, "LOCAL_RANK": 0}
+        os.environ.update({k: str(v) for k, v in env.items()}, LOCAL_WORLD_SIZE="1")
+        os.environ[TIMEOUT_ENV] = str(timeout_s)
+        if self.ip == "127.0.0.1":
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        config = resolve(layers)
+        cuda = config.train.device == "cuda"
+        if cuda:
+            torch.cuda.set_device(0)  # Ray shows this actor its own GPU alone
+        wait = datetime.timedelta(seconds=timeout_s)
+        if self._store is None and store[0] == "file":
+            self._store = dist.FileStore(str(store[1]), self.replicas)
+        elif self._store is None:
+            self._store = dist.TCPStore(store[0], int(store[1]), self.replicas, False, wait)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            store=self._store,
+            rank=self.replica,
+            world_size=self.replicas,
+            timeout=wait,
+        )
+        try:
+            summary = train_replica(config, made=self._made)
+        except BaseException:
+            # This process lives on: leave the group, so that the replicas waiting for this
+            # one in a collective learn of it now rather than at the timeout.
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            raise
+        finally:
+            if self._folder is not None:
+                shutil.rmtree(self._folder, ignore_errors=True)
+        return {"summary": summary, "node_id": self.node_id, "actors": self.run.layout.actors}
+
+    def _made(self, run: Any) -> None:
+        self.run = run
+
+    def status(self) -> dict[str, Any]:
+        run = self.run
+        if run is None:
+            return {"frames": 0, "mean_return": None}
+        return {"frames": run.frames, "mean_return": run.window.mean_return()}
+
+    def stop(self) -> None:
+        if self.run is not None:
+            self.run.request_stop()
+
+    def add_to_summary(self, extra: dict[str, Any]) -> None:
+        """Add entries to the summary.json replica 0 wrote, here on its own node."""
+        path = self.run.run_dir / "summary.json" if self.run else None
+        if path is not None and path.is_file():
+            write_json_atomic(path, {**json.loads(path.read_text()), **extra})
+
+
 def launch(
     layers: list[dict[str, Any]],
     ray_address: str | None,
@@ -194,6 +311,12 @@ def launch(
     console = console or Console(stderr=True)
     started_here = not ray.is_initialized()
     ray.init(address=ray_address, include_dashboard=False, logging_level=logging.WARNING)
+    if placement.replicas > 1:
+        try:
+            return launch_replicas(layers, ray_address is not None, placement, console)
+        finally:
+            if started_here:
+                ray.shutdown()
     token = secrets.token_hex(32)  # other machines, or other users of this one, may connect
     learner, actors = None, []
     try:
@@ -234,6 +357,141 @@ def launch(
             ray.kill(learner)
         if started_here:
             ray.shutdown()
+
+
+def launch_replicas(
+    layers: list[dict[str, Any]], cluster: bool, placement: Placement, console: Console
+) -> dict[str, Any]:
+    """Train as ``placement.replicas`` learner replicas, one Ray actor each with its share of
+    the actors as local processes, on distinct nodes (a STRICT_SPREAD placement group) where the
+    cluster has enough of them; return replica 0's summary. ``cluster``: Ray at an address.
+
+    Replica 0 opens the group's store (a ``TCPStore`` on its node's address and a free port),
+    Ray hands the address to the others, and torch.distributed forms the group from it.
+
+    Raises:
+        SeedbedError: The cluster has no room for the replicas, or one line naming the replica
+            that died or failed.
+    """
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    n = placement.replicas
+    bundle = {"CPU": placement.learner_cpus + placement.actors // n * placement.actor_cpus}
+    if placement.learner_gpus:
+        bundle["GPU"] = placement.learner_gpus
+    nodes = sum(1 for node in ray.nodes() if node["Alive"])
+    strategy = "STRICT_SPREAD" if nodes >= n else "SPREAD"
+    if nodes < n:
+        console.print(
+            f"the Ray cluster has {_many(nodes, 'node')} for {n} replicas: some replicas share "
+            "a node (placement SPREAD, not STRICT_SPREAD)"
+        )
+    group = placement_group([bundle] * n, strategy=strategy)
+    hosts: list[Any] = []
+    try:
+        if not ray.wait([group.ready()], timeout=PLACEMENT_WAIT_S)[0]:
+            raise SeedbedError(
+                f"the Ray cluster has no room for {n} learner replicas of {_amounts(bundle)} "
+                f"each ({_amounts(ray.cluster_resources())} in all); lower --actors, "
+                "--actor-cpus or --learner-cpus"
+            )
+        for i in range(n):
+            where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
+            host = ray.remote(ReplicaHost).options(
+                num_cpus=bundle["CPU"],
+                num_gpus=bundle.get("GPU", 0),
+                scheduling_strategy=where,
+                max_concurrency=4,  # train() blocks; status and stop answer beside it
+            )
+            hosts.append(host.remote(i, n, cluster))
+        node_ids = ray.get([host.node.remote() for host in hosts])
+        store = ray.get(hosts[0].rendezvous.remote(REPLICA_TIMEOUT_S))
+        console.print(f"{n} learner replicas on {_many(len(set(node_ids)), 'node')}")
+        layers = [*layers, {"progress": False}]  # the driver prints the progress
+        results = [host.train.remote(layers, store, REPLICA_TIMEOUT_S) for host in hosts]
+        _follow_replicas(hosts[0], results, console)
+        run_dir = next(layer["run_dir"] for layer in reversed(layers) if "run_dir" in layer)
+        outcomes = _replica_outcomes(results, node_ids, run_dir)
+        summary = outcomes[0]["summary"]
+        summary["launch"] = {
+            "learner_replicas": n,
+            "placement_strategy": strategy,
+            "replica_cpus": bundle["CPU"],
+            "replica_gpus": bundle.get("GPU", 0.0),
+            "replicas": [
+                {"replica": i, "node_id": o["node_id"], "actors": o["actors"]}
+                for i, o in enumerate(outcomes)
+            ],
+            "cluster_nodes": nodes,
+        }
+        ray.get(hosts[0].add_to_summary.remote({"launch": summary["launch"]}))
+        return summary
+    finally:
+        for host in hosts:
+            ray.kill(host)
+        remove_placement_group(group)
+
+
+def _amounts(resources: dict[str, float]) -> str:
+    """E.g. ``2 CPUs, 1 GPU``."""
+    shown = [_many(resources.get(k, 0.0), k) for k in ("CPU", "GPU") if resources.get(k)]
+    return ", ".join(shown) or "nothing"
+
+
+def _follow_replicas(primary: Any, results: list[Any], console: Console) -> None:
+    """Print replica 0's progress every 10 s until every replica has returned; on Ctrl-C, ask
+    replica 0 to stop, which stops them all at the same learner step."""
+    import ray
+
+    pending = list(results)
+    try:
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=10.0)
+            if pending:
+                s = ray.get(primary.status.remote())
+                ret = "n/a" if s["mean_return"] is None else f"{s['mean_return']:.1f}"
+                console.print(f"{s['frames']:,} frames, mean return {ret}")
+    except KeyboardInterrupt:
+        console.print("stopping: replica 0 saves its checkpoint and summary")
+        primary.stop.remote()
+        ray.wait(results, num_returns=len(results))
+
+
+def _replica_outcomes(
+    results: list[Any], node_ids: list[str], run_dir: str
+) -> list[dict[str, Any]]:
+    """Every replica's outcome, or one line for the first that died (its process or node lost)
+    or else failed; the others only report that they lost it."""
+    import ray
+
+    from seedbed.runtime.replica_group import ReplicaLost
+
+    n, outcomes, errors = len(results), [], []
+    for i, ref in enumerate(results):
+        try:
+            outcomes.append(ray.get(ref))
+        except ray.exceptions.RayActorError as e:
+            why = (str(e).strip().splitlines() or ["no reason given"])[0][:200]
+            errors.append(
+                (0, SeedbedError(f"replica {i} of {n} on Ray node {node_ids[i]} died ({why})"))
+            )
+        except ray.exceptions.RayTaskError as e:
+            cause = e.cause if isinstance(e.cause, SeedbedError) else None
+            if cause is None:
+                line = (str(e.cause or e).strip().splitlines() or [""])[-1][:300]
+                cause = SeedbedError(f"replica {i} of {n} failed: {line}")
+            errors.append((2 if isinstance(cause, ReplicaLost) else 1, cause))
+    if not errors:
+        return outcomes
+    rank, error = min(errors, key=lambda x: x[0])
+    if rank == 0:  # died: its own line said nothing
+        raise SeedbedError(
+            f"{error}; the run stopped, and its newest complete checkpoint stays in {run_dir} "
+            "on replica 0's node: launch it again with --resume"
+        )
+    raise error
 
 
 def _record(

@@ -4,13 +4,14 @@ after a learner step that brings each replica's actors to the front door's place
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import pytest
 import torch
 
 from seedbed.replicate import Replicator, spawn
-from seedbed.runtime.front_door import FrontDoor, shared_token
+from seedbed.runtime.front_door import FrontDoor, advertised, shared_token
 from seedbed.transport.address import replica_address
 from seedbed.transport.remote import GrpcActorClient
 from tests.transport.test_remote import Learner, steps
@@ -76,3 +77,26 @@ def test_replicas_share_a_token_and_their_addresses_and_count_their_actors(
     assert [(t["address"], t["connections"]) for t in first["tally"]] == [(front, 1), (other, 1)]
     again, _ = spawn(2, _replica, str(tmp_path), listen)  # a resumed run keeps its token
     assert again["token"] == token
+
+
+@pytest.mark.parametrize(
+    "address, rendezvous, expected",
+    [
+        ("0.0.0.0:0", None, "0.0.0.0:0"),  # one machine: the actor swaps in the host it dialled
+        ("0.0.0.0:5001", "127.0.0.1", "0.0.0.0:5001"),
+        ("127.0.0.1:5001", "192.0.2.1", "127.0.0.1:5001"),  # a host of its own stays
+        ("unix:/tmp/x.sock.replica-1", "192.0.2.1", "unix:/tmp/x.sock.replica-1"),
+    ],
+)
+def test_a_gateway_is_advertised_as_it_listens_unless_on_every_interface(
+    address, rendezvous, expected, monkeypatch
+):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    assert advertised(address, rendezvous) == expected
+
+
+def test_a_gateway_on_every_interface_is_advertised_at_its_route_to_the_rendezvous_host():
+    """Under torchrun a replica may be on another machine than the front door: it tells actors
+    its own address, the one its route to the rendezvous host leaves from."""
+    host, _, port = advertised("0.0.0.0:5001", "127.0.0.2").rpartition(":")
+    assert port == "5001" and host not in ("0.0.0.0", "") and ipaddress.ip_address(host)

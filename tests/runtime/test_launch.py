@@ -166,3 +166,99 @@ def test_the_learner_listens_on_its_nodes_address_with_a_token():
     assert cluster["listen"] == "10.1.2.3:0" and cluster["token_file"] == "/run/token"
     local = learner_settings("/run/token", None)
     assert "listen" not in local and local["token_file"] == "/run/token"
+
+
+@pytest.fixture
+def two_nodes(nothing_left_behind):
+    """A Ray cluster of two nodes on this machine, 2 logical CPUs each."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args={"num_cpus": 2, "include_dashboard": False},
+    )
+    try:
+        cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+def launch_replicas(address: str, run_dir, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "seedbed", "launch", "--ray", address, "--learner-replicas", "2"]
+        + ["--actor-cpus", "0.5", "--run-dir", str(run_dir), "--no-energy", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.distributed
+def test_replicas_on_two_ray_nodes_train_cartpole_as_one_run(tmp_path, two_nodes):
+    run = tmp_path / "run"
+    proc = launch_replicas(two_nodes, run, "--target-return", "195", "--total-frames", "1500000")
+    code, out, err = finish(proc)
+    assert code == 0, err[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "target_return", summary
+    assert summary["learner_replicas"] == 2 and summary["replicas_in_sync"] is True
+    launched = summary["launch"]
+    assert launched["placement_strategy"] == "STRICT_SPREAD"
+    replicas = launched["replicas"]
+    assert [r["replica"] for r in replicas] == [0, 1] and [r["actors"] for r in replicas] == [1, 1]
+    assert len({r["node_id"] for r in replicas}) == 2  # one replica on each node
+    assert "target return 195 reached" in out
+
+
+@pytest.mark.distributed
+def test_a_replica_killed_on_ray_is_named_and_the_run_resumes(tmp_path, two_nodes):
+    from seedbed.runtime.checkpoint import list_checkpoints, load_checkpoint
+    from tests.runtime.test_faults import assert_one_line_error
+
+    run = tmp_path / "run"
+    flags = ["--envs-per-actor", "4", "--unroll", "8", "--batch", "8", "--target-return", "none"]
+    flags += ["--total-frames", "8000", "--checkpoint-every-s", "0.5", "--log-every-s", "0.2"]
+    proc = launch_replicas(two_nodes, run, *flags)
+    deadline = time.monotonic() + 120
+    while not list_checkpoints(run / "checkpoints"):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no checkpoint"
+        time.sleep(0.2)
+    procs = psutil.process_iter(["cmdline"])
+    hosts = [p for p in procs if "ReplicaHost" in " ".join(p.info["cmdline"] or ())]
+    assert len(hosts) == 2, [p.info["cmdline"] for p in hosts]
+    hosts[0].kill()
+    code, _, err = finish(proc)
+    assert code == 2, err[-3000:]
+    line = assert_one_line_error(err, "of 2 on Ray node", "died", "--resume")
+    assert re.search(r"replica [01] of 2", line), line
+    frames = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["frames"]
+    assert 0 < frames < 8000 and not (run / "summary.json").exists()
+    code, _, err = finish(launch_replicas(two_nodes, run, *flags, "--resume"))
+    assert code == 0, err[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "total_frames" and summary["frames"] >= 8000
+    assert summary["replicas_in_sync"] is True
+
+
+@pytest.mark.distributed
+def test_replicas_on_a_one_node_ray_share_it_and_say_so(tmp_path, nothing_left_behind):
+    run = tmp_path / "run"
+    flags = ["--envs-per-actor", "4", "--unroll", "8", "--batch", "8", "--total-frames", "3000"]
+    flags += ["--target-return", "none", "--learner-cpus", "0.5"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seedbed", "launch", "--ray", "--learner-replicas", "2"]
+        + ["--actor-cpus", "0.5", "--run-dir", str(run), "--no-energy", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    code, _, err = finish(proc)
+    assert code == 0, err[-3000:]
+    assert "the Ray cluster has 1 node for 2 replicas: some replicas share a node" in err
+    launched = json.loads((run / "summary.json").read_text())["launch"]
+    assert launched["placement_strategy"] == "SPREAD"
+    assert len({r["node_id"] for r in launched["replicas"]}) == 1

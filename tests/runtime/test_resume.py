@@ -31,7 +31,7 @@ def make_run(run: Path, **overrides) -> RunConfig:
     config = resolve([tiny_settings(run, energy=False, **overrides)])
     spec = make_spec(config.train.env, config.env_settings)
     agent = make_agent(config.train.agent, spec, config.agent, torch.device("cpu"))
-    RunFiles(run, lambda: 0).prepare(config, primary=True)
+    RunFiles(run, lambda: 0).prepare(config)
     payload = checkpoint_payload(agent.state_dict(), Progress(frames=FRAMES), 1.0, config)
     save_checkpoint(run / "checkpoints", FRAMES, payload, keep=2)
     return config
@@ -48,9 +48,9 @@ def test_a_checkpoint_of_another_env_of_the_same_shapes_is_refused_in_one_line(t
     assert (run / "config.yaml").read_text() == saved  # the run's settings are not replaced
     # Another agent setting, the same network: refused, naming it.
     with pytest.raises(SeedbedError, match="--lr 0.001, this run has 0.5"):
-        RunFiles(run, lambda: 0).prepare(resolve([tiny_settings(run, resume=True, lr=0.5)]), True)
+        RunFiles(run, lambda: 0).prepare(resolve([tiny_settings(run, resume=True, lr=0.5)]))
     accepted = resolve([tiny_settings(run, resume=True, lr=0.5, resume_mismatch="accept")])
-    path, _ = RunFiles(run, lambda: 0).prepare(accepted, primary=True)
+    path, _ = RunFiles(run, lambda: 0).prepare(accepted)
     assert path == list_checkpoints(run / "checkpoints")[-1]
     # Saved for the next resume: the new rate, and no standing acceptance of a mismatch.
     saved = yaml.safe_load((run / "config.yaml").read_text())

@@ -37,6 +37,9 @@ from seedbed.replicate.replicator import (
     InputContext,
     Replicator,
     default_device,
+    group_failure,
+    launched_replicas,
+    lost_replicas,
     replica_context,
 )
 from seedbed.replicate.spawn import ReplicaError, run_script, spawn
@@ -48,6 +51,9 @@ __all__ = [
     "ReplicaError",
     "Replicator",
     "default_device",
+    "group_failure",
+    "launched_replicas",
+    "lost_replicas",
     "replica_context",
     "run_script",
     "spawn",

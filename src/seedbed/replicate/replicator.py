@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,22 @@ from seedbed.replicate.spawn import DEFAULT_TIMEOUT_S, STORE_ENV, TIMEOUT_ENV, s
 
 _END = object()
 _current: ReplicaContext | None = None  # the open Replicator of this process, if any
+# After a collective failed: how long the replicas still alive have to answer the roll call that
+# tells them from the lost ones. A survivor whose own peer died notices at once; the others once
+# the survivors leave the group, a moment later.
+ROLL_CALL_S = 5.0
+
+
+def launched_replicas() -> int:
+    """How many replicas a launcher that describes the group in env://'s variables (torchrun,
+    SLURM scripts, seedbed's Ray launcher) started this process among: ``WORLD_SIZE``, or 1.
+
+    ``Replicator.spawn``'s replicas are not counted: their launcher is in this package.
+    """
+    env = os.environ
+    if STORE_ENV in env or "RANK" not in env:
+        return 1
+    return int(env.get("WORLD_SIZE", "1"))
 
 
 def replica_context() -> ReplicaContext:
@@ -151,6 +168,42 @@ class Replicator(ReplicaContext):
         # replicas wait on, and they would report that rather than this replica's error.
         if exc_type is None:
             self.close()
+
+
+def group_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a collective failing because the group broke (a peer that died, or
+    did not come within the timeout), rather than a bug of the caller's."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    return isinstance(error, dist.DistError) or (
+        isinstance(error, RuntimeError) and "gloo" in str(error)
+    )
+
+
+def lost_replicas(wait_s: float = ROLL_CALL_S) -> list[int] | None:
+    """After a collective failed (``group_failure``): leave the group, and name the replicas that
+    do not answer a roll call held through the group's store within ``wait_s`` seconds.
+
+    Every replica still alive calls this once its own collective fails. Returns the lost
+    replicas' ids in order, or None when the store itself is gone with its host (torchrun's
+    agent, or replica 0 of env://), so that no roll call can be held.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # Leaving closes this replica's connections, so that replicas still waiting on it in a
+    # collective fail now rather than at the timeout, and come to the roll call.
+    dist.destroy_process_group()
+    key = "seedbed-roll-call/{}".format
+    try:
+        store.set(key(rank), b"here")
+        deadline = time.monotonic() + wait_s
+        while True:
+            missing = [r for r in range(world) if not store.check([key(r)])]
+            if not missing or time.monotonic() >= deadline:
+                return missing
+            time.sleep(0.1)
+    except (RuntimeError, dist.DistError):
+        return None
 
 
 def _init_group(rank: int, world: int, device: torch.device, timeout: float) -> None:

@@ -15,12 +15,15 @@ how many actors each replica served, for ``summary.json``.
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from seedbed.replicate import ReplicaContext
+from seedbed.transport.address import WILDCARD_HOSTS
 from seedbed.transport.remote import ActorGateway, Placement, run_token
 from seedbed.transport.remote.wire import TOKEN_FILE
 
@@ -38,8 +41,30 @@ def shared_token(replica: ReplicaContext, run_dir: Path) -> tuple[bytes, Path]:
 
 
 def gather_addresses(replica: ReplicaContext, address: str) -> list[str]:
-    """Every replica's gateway address, in replica order."""
-    return [_bytes_of(row).decode() for row in _gather_bytes(replica, address.encode())]
+    """Every replica's gateway address, in replica order, as other machines reach it."""
+    own = advertised(address).encode()
+    return [_bytes_of(row).decode() for row in _gather_bytes(replica, own)]
+
+
+def advertised(address: str, rendezvous: str | None = None) -> str:
+    """Where actors reach a gateway listening on ``address``. A wildcard host (0.0.0.0, [::])
+    becomes this machine's address on its route to the process group's rendezvous host
+    (``rendezvous``, else torchrun's ``MASTER_ADDR``): under torchrun the replicas may be on
+    other machines than the front door. With no rendezvous host, or a loopback one, the
+    replicas share the front door's machine and the wildcard stays: an actor puts the host it
+    dialled in its place."""
+    host, _, port = address.rpartition(":")
+    rendezvous = rendezvous or os.environ.get("MASTER_ADDR")
+    if host not in WILDCARD_HOSTS or not rendezvous or rendezvous in ("localhost", "127.0.0.1"):
+        return address
+    family = socket.AF_INET6 if host != "0.0.0.0" else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((rendezvous, 9))  # a UDP connect sends nothing: it picks the route
+            own = probe.getsockname()[0]
+    except OSError:  # no route in that family: keep the wildcard, as on one machine
+        return address
+    return f"[{own}]:{port}" if ":" in own else f"{own}:{port}"
 
 
 class FrontDoor:
@@ -65,14 +90,14 @@ class FrontDoor:
         self.replicas: list[dict[str, Any]] | None = None
 
     def meet(self, flags: torch.Tensor) -> torch.Tensor:
-        """Replica 0's ``flags`` on every replica, as ``replica.broadcast`` gives them; on the
-        way, replica 0 learns every replica's connected actors."""
+        """``flags``' maximum over the replicas on every replica, as ``all_reduce(flags, "max")``
+        gives it; on the way, replica 0 learns every replica's connected actors."""
         mark = self.placement.mark() if self.placement is not None else None
         here = torch.tensor([self.gateway.connected], dtype=flags.dtype)
         gathered = self.replica.all_gather(torch.cat([flags, here]))
         if self.placement is not None:
             self.placement.update(gathered[:, -1].tolist(), mark)
-        return gathered[0, :-1]
+        return gathered[:, :-1].amax(0)
 
     def tally(self) -> list[dict[str, Any]]:
         """What each replica's gateway did, gathered on every replica: its address, the actors

@@ -3,9 +3,9 @@ metrics row and the stop rules, every ``--checkpoint-every-s`` a checkpoint. The
 the loop's thread, or with ``--learner-process`` in a process of their own (``updates``).
 
 With ``--learner-replicas`` the replicas meet only after a learner step, where replica 0's clock
-and stop request decide for every replica whether to log, checkpoint or stop; a row's counters
-are merged over all replicas (``replica_stats``), so all reach the same stop decision, and replica
-0 alone writes rows and checkpoints.
+decides for every replica whether to log or checkpoint, and any replica's stop request stops
+them all; a row's counters are merged over all replicas (``replica_stats``), so all reach the
+same stop decision, and replica 0 alone writes rows and checkpoints.
 """
 
 from __future__ import annotations
@@ -120,9 +120,13 @@ class LearnerLoop:
             if replicated and batch is None:
                 continue  # replicas meet only after a step, so all make the same collectives
             now = time.perf_counter()
-            # Replica 0's clock and stop request decide for every replica.
-            flags = (now >= next_log, now >= next_ckpt, self.stopping.requested.is_set())
-            log_now, checkpoint_now, stop_now = self._meet(torch.tensor(flags, dtype=torch.int32))
+            # Replica 0's clock decides for every replica, and any replica's stop request: on
+            # several machines a signal may reach one replica alone. One collective for both.
+            stop = self.stopping.requested.is_set()
+            due = (now >= next_log, now >= next_ckpt) if self.replica.is_primary else (0, 0)
+            log_now, checkpoint_now, stop_now = self._meet(
+                torch.tensor((*due, stop), dtype=torch.int32)
+            )
             if stop_now:
                 return "interrupted"
             row_frames = self._row_frames
@@ -139,10 +143,12 @@ class LearnerLoop:
             watch.lap("logging_and_checkpoints")
 
     def _meet(self, flags: torch.Tensor) -> list[int]:
-        """Replica 0's ``flags``, on every replica; with remote actors the same meeting tells
-        replica 0 how many each replica serves (``FrontDoor.meet``)."""
+        """``flags``' maximum over the replicas, on every replica; with remote actors the same
+        meeting tells replica 0 how many each replica serves (``FrontDoor.meet``)."""
         door = self.services.front_door
-        return (door.meet(flags) if door is not None else self.replica.broadcast(flags)).tolist()
+        if door is not None:
+            return door.meet(flags).tolist()
+        return self.replica.all_reduce(flags, "max").tolist()
 
     def close(self) -> None:
         """Stop a learner process: after the run's final checkpoint, which needs its state."""

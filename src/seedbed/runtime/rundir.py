@@ -64,13 +64,13 @@ class RunFiles:
         self.logger: RunLogger | None = None  # replica 0's, while running
         self._frames = frames  # the run's frame count, for the failed write's line
 
-    def prepare(self, config: RunConfig, primary: bool) -> tuple[Path, dict[str, Any]] | None:
-        """Check the run directory and save the config (``primary``: the replica that writes);
-        with --resume, the checkpoint to resume from (the newest that loads) and its contents,
-        once its settings are found to be ``config``'s (``--resume-mismatch accept``: or not)."""
+    def prepare(self, config: RunConfig) -> tuple[Path, dict[str, Any]] | None:
+        """Check the run directory and save the config (replica 0's job: the other replicas
+        get what it found over the process group); with --resume, the checkpoint to resume from
+        (the newest that loads) and its contents, once its settings are found to be
+        ``config``'s (``--resume-mismatch accept``: or not)."""
         cfg = config.train
-        # Replica 0 alone sets damaged checkpoints aside; the others skip the same ones.
-        found = load_latest(self.run_dir, set_aside=primary) if cfg.resume else None
+        found = load_latest(self.run_dir) if cfg.resume else None
         if cfg.resume and found is None:
             raise SeedbedError(f"--resume: {self.run_dir} has no checkpoint to resume from")
         if found is not None and cfg.resume_mismatch != "accept":  # before config.yaml changes
@@ -80,18 +80,15 @@ class RunFiles:
                 f"{self.run_dir} already holds a run; pass --resume to continue it or choose "
                 "another --run-dir"
             )
-        if primary:
-            check_run_dir(self.run_dir)
-            saved = dict(
-                config.to_dict(), run_dir=str(self.run_dir), resume=False, resume_mismatch="refuse"
-            )
-            text = yaml.safe_dump(saved, sort_keys=False)
-            try:  # atomically: a crash mid-write must not leave a resume half its settings
-                replace_atomically(self.run_dir / "config.yaml", lambda tmp: tmp.write_text(text))
-            except OSError as e:
-                raise SeedbedError(
-                    f"--run-dir {self.run_dir}: cannot save config.yaml ({e})"
-                ) from None
+        check_run_dir(self.run_dir)
+        saved = dict(
+            config.to_dict(), run_dir=str(self.run_dir), resume=False, resume_mismatch="refuse"
+        )
+        text = yaml.safe_dump(saved, sort_keys=False)
+        try:  # atomically: a crash mid-write must not leave a resume half its settings
+            replace_atomically(self.run_dir / "config.yaml", lambda tmp: tmp.write_text(text))
+        except OSError as e:
+            raise SeedbedError(f"--run-dir {self.run_dir}: cannot save config.yaml ({e})") from None
         return found
 
     def open_logger(self, config: RunConfig, console: Console) -> None:

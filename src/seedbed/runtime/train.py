@@ -14,7 +14,10 @@ learner over accelerator cores): each serves its share of the actors through its
 server and learns from its share of every batch; gradients are averaged over replicas before each
 update (``seedbed.replicate``), so their parameters stay identical. The replicas meet only after
 a learner step, where replica 0 says whether to log, checkpoint or stop; metrics are merged over
-all replicas, and replica 0 alone writes files.
+all replicas, and replica 0 alone writes files. ``train`` starts them on this machine; under
+torchrun (or the Ray launcher) this process is one of them, wherever the others run
+(``train_replica``), and replica 0 hands the others what they would read from the run directory
+(``replica_group``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import multiprocessing
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +41,19 @@ from seedbed.agents import make_agent
 from seedbed.config import RunConfig
 from seedbed.energy import EnergyMeter
 from seedbed.envs import make_spec
-from seedbed.errors import SeedbedError
+from seedbed.errors import ConfigError, SeedbedError
 from seedbed.inference.server import InferenceServer
 from seedbed.plugins import import_plugins
-from seedbed.replicate import ReplicaContext, Replicator, spawn
+from seedbed.replicate import ReplicaContext, Replicator, launched_replicas, spawn
 from seedbed.runtime.checkpoint import NonFiniteState, latest_checkpoint
 from seedbed.runtime.learner_loop import LearnerLoop
 from seedbed.runtime.progress import Progress, checkpoint_payload, restore
+from seedbed.runtime.replica_group import (
+    lost_replica_line,
+    replica_device,
+    share_config,
+    share_resume,
+)
 from seedbed.runtime.replica_stats import replicas_in_sync
 from seedbed.runtime.rundir import RunFiles, check_run_dir
 from seedbed.runtime.services import Services, read_secrets, thread_budget
@@ -105,7 +115,9 @@ class TrainingRun:
         )
         self.progress = Progress()
         self.files = RunFiles(self.run_dir, lambda: self.progress.frames)
-        resume_from = self.files.prepare(config, self.primary)
+        # Replica 0 alone reads and writes the run directory; the others may be on machines
+        # without it, and get the checkpoint to resume from over the process group.
+        resume_from = share_resume(self.replica, lambda: self.files.prepare(config))
         if resume_from is not None:
             restore(*resume_from, self.agent, self.progress)
         if self.replica.num_replicas > 1:
@@ -241,11 +253,15 @@ class TrainingRun:
         return summary
 
 
-def train(config: RunConfig, console: Console | None = None) -> dict[str, Any]:
+def train(config: RunConfig, console: Console | None = None) -> dict[str, Any] | None:
     """Run training as configured and return its summary (also saved as summary.json).
 
-    In the main thread, SIGINT and SIGTERM stop the run in order (see ``StopSignals``).
+    In the main thread, SIGINT and SIGTERM stop the run in order (see ``StopSignals``). In a
+    process that torchrun started, it is one replica of a learner spread over its processes
+    (``replica_group``), and returns the summary on replica 0 alone (None on the others).
     """
+    if launched_replicas() > 1:
+        return train_replica(config, console)
     replicas = config.train.learner_replicas
     if replicas == 1:
         run = TrainingRun(config, console)
@@ -267,6 +283,44 @@ def train(config: RunConfig, console: Console | None = None) -> dict[str, Any]:
     stop = multiprocessing.get_context("spawn").RawValue("b", 0)
     with StopSignals(functools.partial(setattr, stop, "value", 1), STOP_GRACE_S):
         return spawn(replicas, _run_replica, config, stop)[0]
+
+
+def train_replica(
+    config: RunConfig,
+    console: Console | None = None,
+    made: Callable[[TrainingRun], None] | None = None,
+) -> dict[str, Any] | None:
+    """Run as one replica of the learner a launcher started (torchrun; ``launched_replicas``).
+
+    Joins the process group (env://; gloo on CPU, NCCL with ``--device cuda`` on the GPU of
+    this process's ``LOCAL_RANK``), takes replica 0's settings, and trains. Returns the summary
+    on replica 0, None on the others. SIGINT and SIGTERM stop the run in order: any replica's
+    stop request stops all of them at the same learner step. ``made`` is handed the run once
+    it is made (the Ray launcher follows and stops it from other threads).
+
+    A launcher that formed the process group itself (the Ray launcher) leaves it to this one.
+    """
+    world = launched_replicas()
+    if config.train.learner_replicas != world:
+        raise ConfigError(
+            f"--learner-replicas {config.train.learner_replicas} does not match the "
+            f"{world} processes the launcher started (WORLD_SIZE), one replica each"
+        )
+    with (
+        Replicator(device=replica_device(config)) as replica,
+        lost_replica_line(replica, config),
+    ):
+        if replica.is_primary and not config.train.run_dir:  # one folder, replica 0's
+            run_dir = str(default_run_dir(config))
+            config = dataclasses.replace(
+                config, train=dataclasses.replace(config.train, run_dir=run_dir)
+            )
+        config = share_config(replica, config)
+        run = TrainingRun(config, console, replica=replica)
+        if made is not None:
+            made(run)
+        with StopSignals(run.request_stop, STOP_GRACE_S):  # in the main thread only
+            return run.run()
 
 
 def _run_replica(config: RunConfig, stop: Any) -> dict[str, Any] | None:

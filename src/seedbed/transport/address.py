@@ -23,6 +23,9 @@ def check_address(address: str, flag: str) -> None:
     raise ConfigError(f"{flag} {address!r}: expected HOST:PORT (e.g. 127.0.0.1:5000) or unix:PATH")
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "[::]", "::")  # a listener on every interface
+
+
 def replica_address(address: str, replica_id: int) -> str:
     """Where learner replica ``replica_id`` listens when replica 0, the front door, listens on
     ``address``: the same host on a free port, or a sibling of its Unix socket."""

@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 
 from seedbed.errors import ConfigError, SeedbedError
-from seedbed.transport.address import check_address
+from seedbed.transport.address import WILDCARD_HOSTS, check_address
 from seedbed.transport.base import ActorTransport
 from seedbed.transport.proto import actor_pb2 as pb
 from seedbed.transport.remote.wire import METHOD, PROTOCOL, Assignment, from_wire, to_wire
@@ -30,7 +30,6 @@ _READY_POLL_S = 0.02  # how often an actor looks whether its channel has connect
 _CLOSE_WAIT_S = 1.0  # how long a closing actor waits for gRPC to finish its calls
 MAX_REDIRECTS = 3  # a front door sends an actor on once; more hops than this are a fault
 _MAX_ADDRESS_CHARS = 1024  # a longer redirect address is not one a learner would send
-_WILDCARD_HOSTS = ("0.0.0.0", "[::]", "::")  # a replica listening on every interface
 
 
 class LearnerStopped(ConnectionError):
@@ -290,7 +289,7 @@ def redirect_target(dialed: str, address: str) -> str:
     if address.startswith("unix:"):
         return address
     host, _, port = address.rpartition(":")
-    if host in _WILDCARD_HOSTS:
+    if host in WILDCARD_HOSTS:
         host = dialed.rpartition(":")[0]
     return f"{host}:{port}"
 
