@@ -127,14 +127,6 @@ def test_bad_input_exits_nonzero_with_one_line(tmp_path, args, message):
     assert len(lines) == 1 and message in lines[0], result.stderr
 
 
-def test_launch_refuses_learner_replicas_in_one_line_before_ray_starts(tmp_path):
-    args = ("--run-dir", str(tmp_path / "r"), "--learner-replicas", "2", "--batch", "8")
-    result = seedbed("launch", "--ray", "--actors", "2", *args)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "runs one learner replica for now" in lines[0], result.stderr
-
-
 def test_unknown_key_in_config_file(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("actors: 2\nlearning_rate: 0.1\n")
