@@ -580,7 +580,7 @@ def main() -> None:
             **{
                 k: v
                 for k, v in vars(args).items()
-                if k not in ("sizes", "actors_list", "gateways_list", "envs_per_actor")
+                if k not in ("sizes", "actors_list", "gateways_list", "envs_per_actor", "out")
             },
             "sizes": {s: dataclasses.asdict(SIZES[s]) for s in sizes},
             "agent": "vtrace",

@@ -59,17 +59,18 @@ def test_unfinished_unrolls_and_a_partial_batch_are_not_losses():
     assert not _books([4, 4, 4, 4], learner_steps=1, batch=8)["nothing_lost"]  # 16 built
 
 
-def test_four_actors_for_three_seconds_lose_nothing_with_either_gateway(no_leaks):
+def test_four_actors_for_three_seconds_lose_nothing_with_either_gateway(no_leaks, tmp_path):
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--sizes", "cartpole", "--actors-list", "4"]
         + ["--seconds", "3", "--warmup-s", "0.5", "--sim-processes", "1"]
-        + ["--gateways-list", "1,2"],
+        + ["--gateways-list", "1,2", "--out", str(tmp_path / "ingest.json")],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
+    assert json.loads((tmp_path / "ingest.json").read_text()) == report  # what docs keep
     assert report["machine"]["cores"] >= 1
     assert report["nothing_lost"] is True
     in_process, processes = report["points"]
