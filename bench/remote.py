@@ -46,7 +46,8 @@ def remote_training_fps(settings: dict, listen: str) -> tuple[float, dict]:
         address = f.read().strip()
     actors = [
         subprocess.Popen(
-            [sys.executable, "-m", "seedbed", "actor", "--connect", address],
+            [sys.executable, "-m", "seedbed", "actor", "--connect", address]
+            + ["--token-file", os.path.join(settings["run_dir"], "actor-token")],
             stdout=subprocess.DEVNULL,  # this script's stdout is its JSON
         )
         for _ in range(config.train.actors)
