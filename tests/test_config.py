@@ -54,6 +54,12 @@ def test_replicas_split_the_remote_slots_and_listen_beside_the_front_door(listen
     assert [s.listen for s in shards] == [listen, *others]  # replica 0 is the front door
 
 
+def test_each_replica_runs_its_own_gateway_processes():
+    layer = {"learner_replicas": 2, "listen": "127.0.0.1:7000", "gateways": 3}
+    train = resolve([layer]).train
+    assert [train.replica_shard(r).gateways for r in range(2)] == [3, 3]
+
+
 def test_saved_config_round_trips():
     config = resolve([{"hidden_sizes": "32,16", "target_return": "none"}])
     again = resolve([config.to_dict()])
@@ -108,10 +114,6 @@ def test_saved_config_round_trips():
             {"learner_replicas": 2, "listen": "127.0.0.1:0", "remote_actors": 1},
             "--remote-actors 1 is fewer than --learner-replicas 2: each replica serves remote "
             "actors; give at least 2",
-        ),
-        (
-            {"learner_replicas": 2, "listen": "127.0.0.1:0", "gateways": 2},
-            "--gateways 2 works with one learner replica for now",
         ),
         ({"agent": "dqn", "unroll": 2}, "--unroll (2) must be >= --n-step (3)"),
         ({"agent": "dqn", "replay_ratio": 0}, "--replay-ratio must be positive or none"),

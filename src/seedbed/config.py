@@ -292,13 +292,6 @@ class TrainConfig:
                 f"--remote-actors {self.remote_actors} is fewer than --learner-replicas {n}: "
                 f"each replica serves remote actors; give at least {n}"
             )
-        if self.listen and self.gateways > 1:
-            # The front door places actors from its own gateway's count; gateway processes
-            # would each need every replica's.
-            raise ConfigError(
-                f"--gateways {self.gateways} works with one learner replica for now; with "
-                f"--learner-replicas {n} use --gateways 1 (each replica runs its own gateway)"
-            )
 
     def _check_learner_process(self) -> None:
         if self.learner_replicas > 1:

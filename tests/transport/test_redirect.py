@@ -1,6 +1,8 @@
 """A replicated learner's front door: which replica a new actor goes to (``Placement``), real
-gateways on 127.0.0.1 that redirect actors between them, and actors that follow a redirect or
-refuse a bad one. The security checks (token, protocol, hello) come before any redirect."""
+gateways on 127.0.0.1 that redirect actors between them (the front door in the learner's
+process, or in gateway processes whose learner places the actors), and actors that follow a
+redirect or refuse a bad one. The security checks (token, protocol, hello) come before any
+redirect."""
 
 from __future__ import annotations
 
@@ -22,9 +24,12 @@ from seedbed.transport.remote import (
 from seedbed.transport.remote.client import redirect_target
 from seedbed.transport.remote.placement import choose
 from tests.transport import test_remote
-from tests.transport.test_remote import TOKEN, _raw_stream, steps
+from tests.transport.test_remote import TOKEN, _raw_stream, settle, steps
 
 learner = test_remote.learner  # the fixture: a real gateway over real shared memory
+
+#: Parametrize a test over the front door in the learner's process and in two processes.
+each_front_door = pytest.mark.parametrize("gateways", [1, 2], ids=["in-process", "2-processes"])
 
 
 # -- the choice -------------------------------------------------------------------------------
@@ -80,16 +85,18 @@ def test_a_placement_needs_one_address_and_count_per_replica():
 # -- real gateways ----------------------------------------------------------------------------
 
 
-def replicas(learner, n: int = 2):
-    """``n`` learners with two slots each; the first is the front door of all of them."""
-    made = [learner() for _ in range(n)]
+def replicas(learner, n: int = 2, gateways: int = 1):
+    """``n`` learners with two slots each; the first is the front door of all of them, served
+    by ``gateways`` gateways (more than one: processes)."""
+    made = [learner(gateways=gateways)] + [learner() for _ in range(n - 1)]
     placement = Placement([lr.gateway.address for lr in made], [2] * n)
     made[0].gateway.serve_as_front_door(placement)
     return made, placement
 
 
-def test_actors_at_the_front_door_spread_over_the_replicas_and_step_there(learner):
-    (front, other), placement = replicas(learner)
+@each_front_door
+def test_actors_at_the_front_door_spread_over_the_replicas_and_step_there(learner, gateways):
+    (front, other), placement = replicas(learner, gateways=gateways)
     clients = [GrpcActorClient(front.gateway.address, token=TOKEN) for _ in range(4)]
     where = [c.address for c in clients]
     assert where == [front.gateway.address, other.gateway.address] * 2
@@ -111,18 +118,23 @@ def test_actors_at_the_front_door_spread_over_the_replicas_and_step_there(learne
         client.close()
 
 
+@each_front_door
 @pytest.mark.parametrize("sent", [None, b"not-the-token"], ids=["missing", "wrong"])
-def test_the_front_door_checks_the_token_before_it_redirects(learner, sent):
-    (front, _), placement = replicas(learner)
+def test_the_front_door_checks_the_token_before_it_redirects(learner, sent, gateways):
+    (front, _), placement = replicas(learner, gateways=gateways)
     first = GrpcActorClient(front.gateway.address, token=TOKEN)  # the next would go to replica 1
     with pytest.raises(Refused, match="token"):
         GrpcActorClient(front.gateway.address, token=sent)
+    settle(front)
     assert placement.redirects == 0 and front.gateway.rejected_total == 1
     first.close()
 
 
-def test_the_front_door_refuses_an_old_protocol_and_a_missing_hello_before_it_redirects(learner):
-    (front, _), placement = replicas(learner)
+@each_front_door
+def test_the_front_door_refuses_an_old_protocol_and_a_missing_hello_before_it_redirects(
+    learner, gateways
+):
+    (front, _), placement = replicas(learner, gateways=gateways)
     first = GrpcActorClient(front.gateway.address, token=TOKEN)
     old = pb.ActorMessage(hello=pb.Hello(protocol=PROTOCOL - 1)).SerializeToString()
     code, details = _raw_stream(front.gateway.address, old)

@@ -25,6 +25,7 @@ import torch
 from seedbed.replicate import ReplicaContext
 from seedbed.transport.address import WILDCARD_HOSTS
 from seedbed.transport.remote import ActorGateway, Placement, run_token
+from seedbed.transport.remote.gateway_process import GatewayProcesses
 from seedbed.transport.remote.wire import TOKEN_FILE
 
 
@@ -68,7 +69,9 @@ def advertised(address: str, rendezvous: str | None = None) -> str:
 
 
 class FrontDoor:
-    """A replica's part in placing remote actors: its gateway, and on replica 0 the placement.
+    """A replica's part in placing remote actors: its gateway (in this process, or its
+    ``--gateways`` processes: either has ``connected`` and ``serve_as_front_door``), and on
+    replica 0 the placement.
 
     The call loop, on every replica (each call is a collective)::
 
@@ -77,7 +80,12 @@ class FrontDoor:
         door.tally()                                # at the end: what each replica served
     """
 
-    def __init__(self, replica: ReplicaContext, gateway: ActorGateway, slots: list[int]) -> None:
+    def __init__(
+        self,
+        replica: ReplicaContext,
+        gateway: ActorGateway | GatewayProcesses,
+        slots: list[int],
+    ) -> None:
         """``slots``: every replica's remote slots, in replica order."""
         self.replica, self.gateway = replica, gateway
         addresses = gather_addresses(replica, gateway.address)

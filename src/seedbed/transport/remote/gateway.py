@@ -132,6 +132,14 @@ class _Rejected(Exception):
         self.code = code
 
 
+class _Redirected(Exception):
+    """The front door's answer to an actor another replica takes: its gateway's address."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self.address = address
+
+
 class ActorGateway:
     """Serves remote actors on ``address`` and bridges each one to a slot of the learner's server.
 
@@ -336,16 +344,14 @@ class ActorGateway:
             if not self._authenticated(context):
                 await self._refuse_unauthenticated(requests)
             hello = await self._read_hello(requests)
-            redirect = self._redirect()
-            if redirect is not None:  # another replica takes it: this stream ends here
+            try:
+                assignment, client = await self._take_slot()
+            except _Redirected as redirect:  # another replica takes it: this stream ends here
                 log.info(
-                    "actor %s sent to %s",
-                    safe_name(hello.actor_name or peer),
-                    redirect.redirect.address,
+                    "actor %s sent to %s", safe_name(hello.actor_name or peer), redirect.address
                 )
-                yield redirect
+                yield pb.LearnerMessage(redirect=pb.Redirect(address=redirect.address))
                 return
-            assignment, client = await self._take_slot()
             slot = assignment.slot
             name = safe_name(hello.actor_name or peer)
             async for reply in self._bridge(assignment, client, name, requests):
@@ -434,19 +440,16 @@ class ActorGateway:
             "missing or wrong token: give the actor --token-file with the learner's token",
         )
 
-    def _redirect(self) -> pb.LearnerMessage | None:
-        """At the front door: a redirect where another replica should take the actor; None
-        where this gateway serves it (or refuses it, stopping or full, as it always does)."""
-        if self.placement is None or self._stopping.is_set():
-            return None
-        address = self.placement.place(self.connected)
-        return None if address is None else pb.LearnerMessage(redirect=pb.Redirect(address=address))
-
     async def _take_slot(self) -> tuple[Assignment, Any]:
         """A free slot's assignment and its open client (an ``ActorTransport`` with a
-        ``reply_fd``), or a refusal (on the loop: no lock). ``_release`` frees the slot."""
+        ``reply_fd``), a refusal, or at the front door ``_Redirected`` where another replica
+        should take the actor (on the loop: no lock). ``_release`` frees the slot."""
         if self._stopping.is_set():
             raise _Rejected(grpc.StatusCode.UNAVAILABLE, "training is over")
+        if self.placement is not None:
+            address = self.placement.place(self.connected)
+            if address is not None:
+                raise _Redirected(address)
         if not self._free:
             raise _Rejected(grpc.StatusCode.RESOURCE_EXHAUSTED, slots_taken(self._num_slots))
         self.connections += 1

@@ -15,6 +15,11 @@ actors come, not fixed per process, so a process the kernel gives more connectio
 another refuses no actor while slots are free. The same pipe carries the processes' log
 records to the learner's log.
 
+On a replicated learner's front door (``serve_as_front_door``) the learner places the actors
+too: it holds the ``Placement`` and the count of slots taken over all its processes, so its
+answer to a request may be another replica's address instead of a slot, and the process sends
+the actor the same ``Redirect`` the in-process front door sends.
+
 The learner's side::
 
     gateways = GatewayProcesses(k, address, slots, transport, assign, token, tls, board)
@@ -57,9 +62,11 @@ from seedbed.transport.remote.gateway import (
     HELLO_TIMEOUT_S,
     IDLE_TIMEOUT_S,
     ActorGateway,
+    _Redirected,
     _Rejected,
     slots_taken,
 )
+from seedbed.transport.remote.placement import Placement
 from seedbed.transport.remote.wire import Assignment
 from seedbed.transport.shm import ActorEndpoint, Layout, SharedMemoryClient, attach
 
@@ -133,6 +140,7 @@ class GatewayProcesses:
         self._transport, self._assign, self._on_failure = transport, assign, on_failure
         self._free = collections.deque(slots)
         self._held: dict[int, int] = {}  # slot -> the process that holds it
+        self.placement: Placement | None = None  # the front door's (serve_as_front_door)
         self.connections = 0  # slots handed out, over all processes
         self.rejected: collections.deque[str] = collections.deque(maxlen=_REASONS_KEPT)
         self.error: BaseException | None = None
@@ -204,6 +212,20 @@ class GatewayProcesses:
                 proc.join(1.0)
                 why = f"exited with code {proc.exitcode}" if ready else "did not start in time"
                 raise SeedbedError(f"gateway process {setup.index} {why}")
+
+    def serve_as_front_door(self, placement: Placement) -> None:
+        """Place every new actor with ``placement`` (before ``start``): these processes are
+        replica 0's gateway, and the learner answers some of their requests with a redirect."""
+        self.placement = placement
+        # One machine's actors all pass this door on their way to any replica.
+        self.max_per_peer = sum(placement.slots) + _COURTESIES
+        for i in range(self.count):  # before "start" on the same pipe: no actor comes first
+            self._send(i, ("front-door", self.max_per_peer))
+
+    @property
+    def connected(self) -> int:
+        """Actors holding a slot now, over all processes (a dict's length is atomic)."""
+        return len(self._held)
 
     @property
     def pids(self) -> list[int]:
@@ -322,10 +344,16 @@ class GatewayProcesses:
             self._fail(SeedbedError(f"gateway process {i} failed: {message[1]}"))
 
     def _grant(self, i: int, ticket: int) -> None:
-        """A free slot for process ``i``'s actor: its assignment and reply pipe, or a refusal."""
+        """A free slot for process ``i``'s actor: its assignment and reply pipe, a refusal, or
+        at the front door another replica's address."""
         if self._stopping.is_set():
             self._send(i, ("refused", ticket, "UNAVAILABLE", "training is over"))
             return
+        if self.placement is not None:
+            address = self.placement.place(len(self._held))
+            if address is not None:
+                self._send(i, ("redirect", ticket, address))
+                return
         if not self._free:
             reason = slots_taken(len(self._held))
             self._send(i, ("refused", ticket, "RESOURCE_EXHAUSTED", reason))
@@ -486,6 +514,11 @@ class ProcessGateway(ActorGateway):
             elif kind == "refused":
                 _, ticket, code, reason = message
                 self._granted(ticket, _Rejected(grpc.StatusCode[code], reason))
+            elif kind == "redirect":
+                _, ticket, address = message
+                self._granted(ticket, _Redirected(address))
+            elif kind == "front-door":
+                self.max_per_peer = message[1]
             elif kind == "start":
                 self._loop.create_task(self._server.start())
             elif kind == "ping":
@@ -505,7 +538,7 @@ class ProcessGateway(ActorGateway):
         future = self._waiting.pop(ticket, None)
         if future is not None and not future.done():
             future.set_result(answer)
-        elif not isinstance(answer, _Rejected):  # the stream ended meanwhile: give it back
+        elif not isinstance(answer, (_Rejected, _Redirected)):  # the stream ended: give it back
             os.close(answer[2])
             self._send_message(("free", answer[0].slot))
 
@@ -523,7 +556,7 @@ class ProcessGateway(ActorGateway):
             if not future.done():  # a late answer is given back (``_granted``)
                 self._waiting[ticket] = future
                 future.cancel()
-        if isinstance(answer, _Rejected):
+        if isinstance(answer, (_Rejected, _Redirected)):
             raise answer
         assignment, generation, fd = answer
         requests = Connection(os.dup(self._requests.fileno()), readable=False)
