@@ -117,6 +117,7 @@ def remote_summary(services: Services) -> dict[str, Any] | None:
         "connections": sum(r["connections"] for r in door.replicas),
         "refused": sum(r["refused"] for r in door.replicas),
         "redirects": door.placement.redirects if door.placement is not None else None,
+        "gateway_processes": getattr(gateway, "count", 0),  # per replica: each runs as many
         "replicas": door.replicas,
     }
 
