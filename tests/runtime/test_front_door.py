@@ -19,12 +19,13 @@ from tests.transport.test_remote import Learner, steps
 pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("replicas")]
 
 
-def _replica(run_dir: str, listen: str) -> dict:
-    """One replica: its gateway beside the others', two actors dialling the front door."""
+def _replica(run_dir: str, listen: str, gateways: int = 1) -> dict:
+    """One replica: its gateway (more than one: processes) beside the others', two actors
+    dialling the front door."""
     with Replicator(device="cpu") as replica:
         r = replica.replica_id
         token, path = shared_token(replica, Path(run_dir))
-        learner = Learner(token=token, address=replica_address(listen, r))
+        learner = Learner(token=token, address=replica_address(listen, r), gateways=gateways)
         try:
             door = FrontDoor(replica, learner.gateway, [2, 2])
             replica.barrier()  # every gateway serves
@@ -54,12 +55,16 @@ def _replica(run_dir: str, listen: str) -> dict:
         }
 
 
-@pytest.mark.parametrize("unix", [False, True], ids=["loopback", "unix-socket"])
+@pytest.mark.parametrize(
+    ("unix", "gateways"),
+    [(False, 1), (True, 1), (False, 2)],
+    ids=["loopback", "unix-socket", "2-gateway-processes"],
+)
 def test_replicas_share_a_token_and_their_addresses_and_count_their_actors(
-    tmp_path, unix, no_leaks
+    tmp_path, unix, gateways, no_leaks
 ):
     listen = f"unix:{tmp_path}/l.sock" if unix else "127.0.0.1:0"
-    first, second = spawn(2, _replica, str(tmp_path), listen)
+    first, second = spawn(2, _replica, str(tmp_path), listen, gateways)
     token = (tmp_path / "actor-token").read_bytes().strip()
     assert first["token"] == second["token"] == token  # one token, from replica 0's file
     assert first["path"] == second["path"] == str(tmp_path / "actor-token")
