@@ -16,9 +16,11 @@ from tests.runtime.test_remote_training import actor, learner
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.xdist_group("replicas")]
 
 
-def test_two_replicas_share_remote_actors_and_train_cartpole(tmp_path, no_leaks):
+@pytest.mark.parametrize("gateways", [1, 2], ids=["in-process", "2-gateway-processes"])
+def test_two_replicas_share_remote_actors_and_train_cartpole(tmp_path, no_leaks, gateways):
     run = tmp_path / "run"
     flags = ("--learner-replicas", "2", "--remote-actors", "4", "--envs-per-actor", "16")
+    flags += ("--gateways", str(gateways))
     target = ("--target-return", "195", "--total-frames", "2000000")
     lr, address = learner(run, *flags, *target)
     actors = [actor(run, address) for _ in range(4)]
