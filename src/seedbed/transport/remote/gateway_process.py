@@ -442,6 +442,20 @@ class _ControlLog(logging.Handler):
             self.handleError(record)
 
 
+class _SharedCount:
+    """An ``ActorGateway`` counter kept in the process's shared ``_counts``, where the learner
+    reads it."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __get__(self, gateway: Any, owner: type | None = None) -> Any:
+        return self if gateway is None else int(gateway._counts[self.index])
+
+    def __set__(self, gateway: Any, n: int) -> None:
+        gateway._counts[self.index] = n
+
+
 class ProcessGateway(ActorGateway):
     """An ``ActorGateway`` in a gateway process: slots come from the learner over ``control``,
     and its clients write the learner's rows through one shared attachment."""
@@ -475,29 +489,9 @@ class ProcessGateway(ActorGateway):
         self._on_loop(self._watch_control())
 
     # The counters the learner reads live in shared memory.
-    @property
-    def connections(self) -> int:
-        return int(self._counts[_CONNECTIONS])
-
-    @connections.setter
-    def connections(self, n: int) -> None:
-        self._counts[_CONNECTIONS] = n
-
-    @property
-    def rejected_total(self) -> int:
-        return int(self._counts[_REFUSED])
-
-    @rejected_total.setter
-    def rejected_total(self, n: int) -> None:
-        self._counts[_REFUSED] = n
-
-    @property
-    def disconnected(self) -> int:
-        return int(self._counts[_DISCONNECTED])
-
-    @disconnected.setter
-    def disconnected(self, n: int) -> None:
-        self._counts[_DISCONNECTED] = n
+    connections = _SharedCount(_CONNECTIONS)
+    rejected_total = _SharedCount(_REFUSED)
+    disconnected = _SharedCount(_DISCONNECTED)
 
     async def _watch_control(self) -> None:
         self._loop.add_reader(self._control.fileno(), self._on_control)
