@@ -297,9 +297,10 @@ class Snapshot:
 
     @classmethod
     def take(cls, learner: Learner, shared: Shared) -> Snapshot:
-        cpu, main = learner.cpu()
+        # The learner's share comes from the same reading as the host's, so it never exceeds it.
         host = learner.host_cpu()
-        return cls(time.perf_counter(), cpu, main, sum(shared.answered), host)
+        main = learner.cpu()[1]
+        return cls(time.perf_counter(), host["learner"], main, sum(shared.answered), host)
 
 
 def largest_divisor(n: int, at_most: int) -> int:
