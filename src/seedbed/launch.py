@@ -17,10 +17,14 @@ learner listens on its node's address (the one Ray uses, not every interface). E
 needs a fresh random token, which Ray hands to the actors (Ray's own channel between nodes is
 trusted, as Ray requires): other users of the machine cannot join.
 
-With ``--learner-replicas N`` there are no remote actors: N ``ReplicaHost`` Ray actors, on
-distinct nodes where the cluster has enough, each run a learner replica with its share of the
-actors as local processes (``launch_replicas``), and form their process group through a store
-that replica 0 opens.
+With ``--learner-replicas N``, N ``ReplicaHost`` Ray actors, on distinct nodes where the
+cluster has enough, each run a learner replica with its share of the actors as local processes
+(``launch_replicas``), and form their process group through a store that replica 0 opens.
+Where a node cannot hold a replica's share (``local_actors_per_replica``), the rest overflow:
+they run as ``ActorHost`` Ray actors wherever Ray finds room and connect over gRPC to replica
+0's gateway, the front door, which places each on a replica with a free slot. Only with
+overflow do the replicas listen: on their nodes' addresses (127.0.0.1 with a local Ray), with
+the run's own token.
 """
 
 from __future__ import annotations
@@ -110,6 +114,38 @@ def actors_to_start(placement: Placement, resources: dict[str, float]) -> int:
     return fit
 
 
+def local_actors_per_replica(placement: Placement, nodes: list[dict[str, float]]) -> int:
+    """How many of each replica's actors run as local processes on its node: its whole share
+    where the ``placement.replicas`` roomiest nodes hold it beside the learner, else as many as
+    the least roomy of them holds. The rest of each share overflow to Ray actors elsewhere.
+
+    Every replica takes the same number, since the settings split ``--actors`` and the remote
+    slots evenly over the replicas: a replica on a roomier node sends the same number over gRPC.
+    Sizing from the nodes' totals is known at once, where trying the whole share and falling
+    back would spend the placement wait on every launch that overflows; a cluster busy with
+    other work still gets that wait, and the refusal after it.
+
+    Args:
+        placement: What each learner replica and each actor ask for.
+        nodes: Each live node's total resources, as ``ray.nodes()`` gives them.
+
+    Returns:
+        Local actors per replica: ``placement.actors // placement.replicas`` where fewer nodes
+        than replicas hold a learner (replicas then share nodes, as before), else at most that.
+    """
+    n, each = placement.replicas, placement.actor_cpus
+    share = placement.actors // n
+    rooms = sorted(
+        (node.get("CPU", 0.0) - placement.learner_cpus)
+        for node in nodes
+        if node.get("GPU", 0.0) >= placement.learner_gpus
+    )[::-1]
+    if len(rooms) < n or each <= 0:
+        return share
+    # Ray counts resources in steps of 1e-4, so a hair of float error must not cost an actor.
+    return max(0, min(share, int(rooms[n - 1] / each + 1e-6)))
+
+
 def _many(n: float, unit: str) -> str:
     """E.g. ``1 CPU``, ``0.5 CPUs``, ``2 actors``."""
     return f"{n:g} {unit}" if n == 1 else f"{n:g} {unit}s"
@@ -190,7 +226,8 @@ class ActorHost:
 
 class ReplicaHost:
     """A Ray actor that runs one learner replica, with its share of the actors as local
-    processes on its own node; ``train`` blocks, the other methods answer meanwhile."""
+    processes on its own node (and with overflow, remote slots for the rest); ``train``
+    blocks, the other methods answer meanwhile."""
 
     def __init__(self, replica: int, replicas: int, cluster: bool) -> None:
         import ray
@@ -201,6 +238,7 @@ class ReplicaHost:
         self.ip = ray.util.get_node_ip_address() if cluster else "127.0.0.1"
         self.node_id = ray.get_runtime_context().get_node_id()
         self.run: Any = None  # the TrainingRun, once made
+        self._ended = threading.Event()
         self._store: Any = None
         self._folder: str | None = None  # replica 0's, holding a local Ray's store file
 
@@ -227,10 +265,28 @@ class ReplicaHost:
         return self.ip, self._store.port
 
     def train(
-        self, layers: list[dict[str, Any]], store: tuple[str, int | str], timeout_s: float
+        self,
+        layers: list[dict[str, Any]],
+        store: tuple[str, int | str],
+        timeout_s: float,
+        listen: bool = False,
     ) -> dict[str, Any]:
         """Join the group through replica 0's store and train; returns replica 0's summary
-        (None on the others), this node's id and how many actors this replica served."""
+        (None on the others), this node's id and how many local actors this replica ran.
+        ``listen``: serve the remote slots the settings give (overflow actors) on this node's
+        address, or loopback with a local Ray."""
+        try:
+            return self._train(layers, store, timeout_s, listen)
+        finally:
+            self._ended.set()  # front_door stops waiting
+
+    def _train(
+        self,
+        layers: list[dict[str, Any]],
+        store: tuple[str, int | str],
+        timeout_s: float,
+        listen: bool,
+    ) -> dict[str, Any]:
         import torch
         import torch.distributed as dist
 
@@ -243,6 +299,8 @@ class ReplicaHost:
         os.environ[TIMEOUT_ENV] = str(timeout_s)
         if self.ip == "127.0.0.1":
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if listen:
+            layers = [*layers, {"listen": f"{self.ip}:0"}]
         config = resolve(layers)
         cuda = config.train.device == "cuda"
         if cuda:
@@ -260,7 +318,9 @@ class ReplicaHost:
             timeout=wait,
         )
         try:
-            summary = train_replica(config, made=self._made)
+            summary = train_replica(
+                config, made=self._made, listen_host=self.ip if listen else None
+            )
         except BaseException:
             # This process lives on: leave the group, so that the replicas waiting for this
             # one in a collective learn of it now rather than at the timeout.
@@ -274,6 +334,19 @@ class ReplicaHost:
 
     def _made(self, run: Any) -> None:
         self.run = run
+
+    def front_door(self, timeout_s: float = 120.0) -> tuple[str, str] | None:
+        """Replica 0, with ``listen``: where overflow actors connect and the run's token (in
+        its run directory, on this node), once its gateway listens; None if it ended before."""
+        from seedbed.transport.remote.wire import TOKEN_FILE
+
+        deadline = time.monotonic() + timeout_s
+        while self.run is None or self.run.gateway is None:
+            if self._ended.is_set() or time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+        token = (self.run.run_dir / TOKEN_FILE).read_text().strip()
+        return self.run.gateway.address, token
 
     def status(self) -> dict[str, Any]:
         run = self.run
@@ -365,31 +438,43 @@ def launch_replicas(
     """Train as ``placement.replicas`` learner replicas, one Ray actor each with its share of
     the actors as local processes, on distinct nodes (a STRICT_SPREAD placement group) where the
     cluster has enough of them; return replica 0's summary. ``cluster``: Ray at an address.
+    Actors that do not fit on their replica's node overflow (``local_actors_per_replica``).
 
     Replica 0 opens the group's store (a ``TCPStore`` on its node's address and a free port),
     Ray hands the address to the others, and torch.distributed forms the group from it.
 
     Raises:
-        SeedbedError: The cluster has no room for the replicas, or one line naming the replica
-            that died or failed.
+        SeedbedError: The cluster has no room for the replicas or the overflow actors, or one
+            line naming the replica that died or failed.
     """
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     n = placement.replicas
-    bundle = {"CPU": placement.learner_cpus + placement.actors // n * placement.actor_cpus}
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    local = local_actors_per_replica(placement, nodes)
+    overflow = placement.actors // n - local  # per replica
+    bundle = {"CPU": placement.learner_cpus + local * placement.actor_cpus}
     if placement.learner_gpus:
         bundle["GPU"] = placement.learner_gpus
-    nodes = sum(1 for node in ray.nodes() if node["Alive"])
-    strategy = "STRICT_SPREAD" if nodes >= n else "SPREAD"
-    if nodes < n:
+    strategy = "STRICT_SPREAD" if len(nodes) >= n else "SPREAD"
+    if len(nodes) < n:
         console.print(
-            f"the Ray cluster has {_many(nodes, 'node')} for {n} replicas: some replicas share "
-            "a node (placement SPREAD, not STRICT_SPREAD)"
+            f"the Ray cluster has {_many(len(nodes), 'node')} for {n} replicas: some replicas "
+            "share a node (placement SPREAD, not STRICT_SPREAD)"
         )
+    layers = [*layers, {"progress": False}]  # the driver prints the progress
+    if overflow:
+        console.print(
+            f"each replica's node holds {_many(local, 'actor')} of its {placement.actors // n}; "
+            f"the other {_many(overflow * n, 'actor')} run wherever Ray finds room and connect "
+            "over gRPC"
+        )
+        layers.append({"actors": local * n, "remote_actors": overflow * n})
     group = placement_group([bundle] * n, strategy=strategy)
     hosts: list[Any] = []
+    actors: list[Any] = []
     try:
         if not ray.wait([group.ready()], timeout=PLACEMENT_WAIT_S)[0]:
             raise SeedbedError(
@@ -406,32 +491,84 @@ def launch_replicas(
                 max_concurrency=4,  # train() blocks; status and stop answer beside it
             )
             hosts.append(host.remote(i, n, cluster))
+        actors = [_start_actor(placement.actor_cpus) for _ in range(overflow * n)]
+        _wait_for_overflow(actors)
         node_ids = ray.get([host.node.remote() for host in hosts])
         store = ray.get(hosts[0].rendezvous.remote(REPLICA_TIMEOUT_S))
         console.print(f"{n} learner replicas on {_many(len(set(node_ids)), 'node')}")
-        layers = [*layers, {"progress": False}]  # the driver prints the progress
-        results = [host.train.remote(layers, store, REPLICA_TIMEOUT_S) for host in hosts]
+        results = [
+            host.train.remote(layers, store, REPLICA_TIMEOUT_S, bool(actors)) for host in hosts
+        ]
+        acting = _act_at_front_door(hosts[0], actors)
         _follow_replicas(hosts[0], results, console)
         run_dir = next(layer["run_dir"] for layer in reversed(layers) if "run_dir" in layer)
         outcomes = _replica_outcomes(results, node_ids, run_dir)
+        ray.wait(acting, num_returns=len(acting), timeout=30.0)  # actors hear training is over
         summary = outcomes[0]["summary"]
-        summary["launch"] = {
-            "learner_replicas": n,
-            "placement_strategy": strategy,
-            "replica_cpus": bundle["CPU"],
-            "replica_gpus": bundle.get("GPU", 0.0),
-            "replicas": [
-                {"replica": i, "node_id": o["node_id"], "actors": o["actors"]}
-                for i, o in enumerate(outcomes)
-            ],
-            "cluster_nodes": nodes,
-        }
+        summary["launch"] = _replicas_record(placement, strategy, bundle, outcomes, summary)
+        summary["launch"]["cluster_nodes"] = len(nodes)
         ray.get(hosts[0].add_to_summary.remote({"launch": summary["launch"]}))
         return summary
     finally:
-        for host in hosts:
-            ray.kill(host)
+        for actor in [*actors, *hosts]:
+            ray.kill(actor)
         remove_placement_group(group)
+
+
+def _wait_for_overflow(actors: list[Any]) -> None:
+    """Refuse, before any replica trains, where Ray has not placed every overflow actor in
+    time: the run would otherwise quietly train with fewer."""
+    import ray
+
+    started = [actor.pid.remote() for actor in actors]  # each answers once Ray placed it
+    placed = len(ray.wait(started, num_returns=len(started), timeout=PLACEMENT_WAIT_S)[0])
+    if started and placed < len(started):
+        raise SeedbedError(
+            f"the Ray cluster has room for {placed} of the {len(started)} actors that do not fit "
+            f"on their replicas' nodes ({_amounts(ray.cluster_resources())} in all); lower "
+            "--actors, --actor-cpus or --learner-cpus"
+        )
+
+
+def _act_at_front_door(primary: Any, actors: list[Any]) -> list[Any]:
+    """Start the overflow actors acting at replica 0's gateway, with the run's token; none
+    where replica 0 ended before it listened (its error follows from its result)."""
+    import ray
+
+    door = ray.get(primary.front_door.remote()) if actors else None
+    if door is None:
+        return []
+    address, token = door
+    return [actor.act.remote(address, token) for actor in actors]
+
+
+def _replicas_record(
+    placement: Placement,
+    strategy: str,
+    bundle: dict[str, float],
+    outcomes: list[dict[str, Any]],
+    summary: dict[str, Any],
+) -> dict[str, Any]:
+    """The summary's ``launch`` section with replicas: the placement, and per replica its node,
+    its local actors and the overflow actors its gateway served (connections, reconnects
+    included), with their totals."""
+    remote = summary.get("remote_actors") or {}
+    served = [r["connections"] for r in remote.get("replicas", [])] or [0] * len(outcomes)
+    replicas = [
+        {"replica": i, "node_id": o["node_id"], "actors": o["actors"], "overflow_served": s}
+        for i, (o, s) in enumerate(zip(outcomes, served, strict=True))
+    ]
+    return {
+        "learner_replicas": placement.replicas,
+        "placement_strategy": strategy,
+        "replica_cpus": bundle["CPU"],
+        "replica_gpus": bundle.get("GPU", 0.0),
+        "actors_asked": placement.actors,
+        "local_actors": sum(r["actors"] for r in replicas),
+        "overflow_actors": placement.actors - sum(r["actors"] for r in replicas),
+        "overflow_served": sum(served),
+        "replicas": replicas,
+    }
 
 
 def _amounts(resources: dict[str, float]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -13,7 +14,7 @@ import psutil
 import pytest
 
 from seedbed.errors import SeedbedError
-from seedbed.launch import Placement, actors_to_start
+from seedbed.launch import Placement, actors_to_start, local_actors_per_replica
 from tests.conftest import finish, interruptible, wait_for_frames
 
 pytest.importorskip("ray", reason="Ray is the 'ray' extra (in dev)")
@@ -183,22 +184,29 @@ def test_the_learner_listens_on_its_nodes_address_with_a_token():
     assert "listen" not in local and local["token_file"] == "/run/token"
 
 
-@pytest.fixture
-def two_nodes(nothing_left_behind):
-    """A Ray cluster of two nodes on this machine, 2 logical CPUs each."""
+@contextlib.contextmanager
+def ray_cluster(head_cpus: int, node_cpus: int):
+    """A Ray cluster of two nodes on this machine with these logical CPUs; yields its address."""
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(
         initialize_head=True,
         connect=False,
-        head_node_args={"num_cpus": 2, "include_dashboard": False},
+        head_node_args={"num_cpus": head_cpus, "include_dashboard": False},
     )
     try:
-        cluster.add_node(num_cpus=2)
+        cluster.add_node(num_cpus=node_cpus)
         cluster.wait_for_nodes()
         yield cluster.address
     finally:
         cluster.shutdown()
+
+
+@pytest.fixture
+def two_nodes(nothing_left_behind):
+    """A Ray cluster of two nodes on this machine, 2 logical CPUs each."""
+    with ray_cluster(2, 2) as address:
+        yield address
 
 
 def launch_replicas(address: str, run_dir, *flags: str) -> subprocess.Popen:
@@ -225,6 +233,57 @@ def test_replicas_on_two_ray_nodes_train_cartpole_as_one_run(tmp_path, two_nodes
     replicas = launched["replicas"]
     assert [r["replica"] for r in replicas] == [0, 1] and [r["actors"] for r in replicas] == [1, 1]
     assert len({r["node_id"] for r in replicas}) == 2  # one replica on each node
+    assert launched["overflow_actors"] == 0 and summary["remote_actors"] is None  # no listener
+    assert "target return 195 reached" in out
+
+
+@pytest.mark.parametrize(
+    ("placement", "cpus", "local"),
+    [
+        (Placement(4, 1.0, 1.0, replicas=2), [3.0, 3.0], 2),  # every share fits
+        (Placement(4, 1.0, 1.0, replicas=2), [8.0, 2.0], 1),  # the smaller node holds one
+        (Placement(4, 1.0, 1.0, replicas=2), [8.0, 1.0, 2.0], 1),  # the two roomiest nodes
+        (Placement(4, 1.0, 1.0, replicas=2), [8.0, 1.0], 0),  # room for the learner alone
+        (Placement(4, 0.1, 0.2, replicas=2), [1.0, 0.3], 1),  # (0.3 - 0.2) / 0.1 is 0.99...98
+        (Placement(4, 1.0, 1.0, replicas=2), [8.0], 2),  # one node: replicas share it, as before
+    ],
+)
+def test_local_actors_are_what_the_least_roomy_replica_node_holds(placement, cpus, local):
+    assert local_actors_per_replica(placement, [{"CPU": c} for c in cpus]) == local
+
+
+def test_local_actors_count_only_nodes_with_the_learners_gpu():
+    placement = Placement(4, 1.0, 1.0, 1.0, replicas=2)
+    nodes = [{"CPU": 64.0}, {"CPU": 3.0, "GPU": 1.0}, {"CPU": 2.0, "GPU": 1.0}]
+    assert local_actors_per_replica(placement, nodes) == 1
+
+
+@pytest.fixture
+def uneven_nodes(nothing_left_behind):
+    """Two Ray nodes on this machine: 2 logical CPUs on the head, 1 on the other."""
+    with ray_cluster(2, 1) as address:
+        yield address
+
+
+@pytest.mark.distributed
+def test_actors_that_do_not_fit_on_a_replicas_node_connect_over_grpc(tmp_path, uneven_nodes):
+    """The 1-CPU node holds a replica's learner (1 CPU) but not its actor (0.5): each replica
+    runs its actor as a Ray actor wherever there is room, through the front door."""
+    run = tmp_path / "run"
+    proc = launch_replicas(uneven_nodes, run, "--target-return", "195", "--total-frames", "1500000")
+    code, out, err = finish(proc)
+    assert code == 0, err[-3000:]
+    assert "each replica's node holds 0 actors of its 1; the other 2 actors run" in err, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "target_return", summary
+    assert summary["replicas_in_sync"] is True
+    launched = summary["launch"]
+    assert launched["placement_strategy"] == "STRICT_SPREAD" and launched["replica_cpus"] == 1
+    assert (launched["local_actors"], launched["overflow_actors"]) == (0, 2), launched
+    replicas = launched["replicas"]
+    assert len({r["node_id"] for r in replicas}) == 2  # one replica on each node
+    assert [(r["actors"], r["overflow_served"]) for r in replicas] == [(0, 1), (0, 1)], replicas
+    assert launched["overflow_served"] == 2 == summary["remote_actors"]["connections"]
     assert "target return 195 reached" in out
 
 

@@ -62,6 +62,7 @@ from seedbed.runtime.stopping import StopRules
 from seedbed.runtime.summary import run_summary
 from seedbed.runtime.supervisor import ActorSupervisor, actor_context
 from seedbed.telemetry import EpisodeWindow, plot_curve
+from seedbed.transport.address import on_host
 from seedbed.transport.remote import ActorGateway
 from seedbed.transport.remote.gateway_process import GatewayProcesses
 
@@ -289,6 +290,7 @@ def train_replica(
     config: RunConfig,
     console: Console | None = None,
     made: Callable[[TrainingRun], None] | None = None,
+    listen_host: str | None = None,
 ) -> dict[str, Any] | None:
     """Run as one replica of the learner a launcher started (torchrun; ``launched_replicas``).
 
@@ -296,7 +298,9 @@ def train_replica(
     this process's ``LOCAL_RANK``), takes replica 0's settings, and trains. Returns the summary
     on replica 0, None on the others. SIGINT and SIGTERM stop the run in order: any replica's
     stop request stops all of them at the same learner step. ``made`` is handed the run once
-    it is made (the Ray launcher follows and stops it from other threads).
+    it is made (the Ray launcher follows and stops it from other threads). ``listen_host``:
+    with --listen, the host this replica listens on in place of replica 0's, which the shared
+    settings carry (the Ray launcher's replicas each listen on their own node's address).
 
     A launcher that formed the process group itself (the Ray launcher) leaves it to this one.
     """
@@ -316,6 +320,10 @@ def train_replica(
                 config, train=dataclasses.replace(config.train, run_dir=run_dir)
             )
         config = share_config(replica, config)
+        listen = config.train.listen
+        if listen_host is not None and listen and not listen.startswith("unix:"):
+            train = dataclasses.replace(config.train, listen=on_host(listen, listen_host))
+            config = dataclasses.replace(config, train=train)
         run = TrainingRun(config, console, replica=replica)
         if made is not None:
             made(run)

@@ -26,6 +26,12 @@ def check_address(address: str, flag: str) -> None:
 WILDCARD_HOSTS = ("0.0.0.0", "[::]", "::")  # a listener on every interface
 
 
+def on_host(address: str, host: str) -> str:
+    """``address`` (``HOST:PORT``) with ``host`` in place of its host: the same port."""
+    port = address.rpartition(":")[2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def replica_address(address: str, replica_id: int) -> str:
     """Where learner replica ``replica_id`` listens when replica 0, the front door, listens on
     ``address``: the same host on a free port, or a sibling of its Unix socket."""
