@@ -449,7 +449,6 @@ def launch_replicas(
     """
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     n = placement.replicas
     nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
@@ -482,15 +481,7 @@ def launch_replicas(
                 f"each ({_amounts(ray.cluster_resources())} in all); lower --actors, "
                 "--actor-cpus or --learner-cpus"
             )
-        for i in range(n):
-            where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
-            host = ray.remote(ReplicaHost).options(
-                num_cpus=bundle["CPU"],
-                num_gpus=bundle.get("GPU", 0),
-                scheduling_strategy=where,
-                max_concurrency=4,  # train() blocks; status and stop answer beside it
-            )
-            hosts.append(host.remote(i, n, cluster))
+        hosts = _start_replica_hosts(group, bundle, n, cluster)
         actors = [_start_actor(placement.actor_cpus) for _ in range(overflow * n)]
         _wait_for_overflow(actors)
         node_ids = ray.get([host.node.remote() for host in hosts])
@@ -513,6 +504,24 @@ def launch_replicas(
         for actor in [*actors, *hosts]:
             ray.kill(actor)
         remove_placement_group(group)
+
+
+def _start_replica_hosts(group: Any, bundle: dict[str, float], n: int, cluster: bool) -> list[Any]:
+    """One ``ReplicaHost`` in each of the group's ``n`` bundles, in replica order."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    hosts = []
+    for i in range(n):
+        where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
+        host = ray.remote(ReplicaHost).options(
+            num_cpus=bundle["CPU"],
+            num_gpus=bundle.get("GPU", 0),
+            scheduling_strategy=where,
+            max_concurrency=4,  # train() blocks; status and stop answer beside it
+        )
+        hosts.append(host.remote(i, n, cluster))
+    return hosts
 
 
 def _wait_for_overflow(actors: list[Any]) -> None:
