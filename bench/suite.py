@@ -57,7 +57,7 @@ TIERS: dict[str, list[Task]] = {
     "classic": [
         Task("CartPole-v1", 475, 500_000, f"{ZOO}, 100k steps", 500.0, tuned_on=True),
         Task("Acrobot-v1", -100, 1_000_000, f"{ZOO}, 1M steps", -73.5, tuned_on=True),
-        Task("MountainCar-v0", -110, 1_000_000, f"{ZOO}, 1M steps", -110.4),
+        Task("MountainCar-v0", -110, 1_000_000, f"{ZOO}, 1M steps", -110.4, tuned_on=True),
         Task(
             "LunarLander-v3",
             200,
@@ -72,8 +72,9 @@ TIERS: dict[str, list[Task]] = {
             1_000_000,
             f"{ZOO} (LunarLanderContinuous-v2), 1M steps",
             270.9,
+            tuned_on=True,
         ),
-        Task("Pendulum-v1", -276, 1_000_000, f"{ZOO}, 100k steps", -172.2),
+        Task("Pendulum-v1", -276, 1_000_000, f"{ZOO}, 100k steps", -172.2, tuned_on=True),
     ],
     "mujoco": [
         Task(

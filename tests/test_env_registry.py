@@ -57,9 +57,28 @@ def test_families_give_the_defaults_rows_agents_know():
         "dmlab:rooms_watermaze": "dmlab",
         "HalfCheetah-v5": "mujoco",
         "CartPole-v1": "classic",
+        "Pendulum-v1": "continuous",  # continuous actions, not MuJoCo's
         NOOP_ENV_ID: "classic",
     }
     assert {env_id: family_for(env_id).preset(env_id) for env_id in rows} == rows
+
+
+def test_a_users_env_takes_the_row_of_its_action_space_and_one_not_made_the_classic_row():
+    """The row of a plain Gymnasium id comes from one env made: a user's Box-action env gets the
+    continuous defaults; an id that cannot be made gets the classic row, and check says why."""
+    gym.register(
+        "SeedbedTestBoxActions-v0", entry_point="gymnasium.envs.classic_control:PendulumEnv"
+    )
+    try:
+        assert (
+            family_for("SeedbedTestBoxActions-v0").preset("SeedbedTestBoxActions-v0")
+            == "continuous"
+        )
+    finally:
+        del gym.registry["SeedbedTestBoxActions-v0"]
+    assert family_for("NoSuchEnv-v0").preset("NoSuchEnv-v0") == "classic"
+    with pytest.raises(ConfigError, match="unknown environment 'NoSuchEnv-v0'"):
+        check_env_id("NoSuchEnv-v0")
 
 
 def test_the_noop_env_is_made_through_its_family():

@@ -19,6 +19,7 @@ from seedbed.resolve import resolve, resolve_with_sources
 
 ROW_ENVS = {
     "classic": "CartPole-v1",
+    "continuous": "Pendulum-v1",
     "mujoco": "HalfCheetah-v5",
     "atari": "atari:Pong",
     "dmc": "dmc:cartpole-swingup",

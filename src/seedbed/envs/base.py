@@ -53,7 +53,7 @@ class EnvFamily:
 
     def preset(self, env_id: str) -> str:
         """The row of presets that applies to ``env_id``: the family's name, or a finer one
-        where ids of one family want different defaults (classic, mujoco)."""
+        where ids of one family want different defaults (classic, continuous, mujoco)."""
         return self.name
 
     def check(self, env_id: str) -> None:

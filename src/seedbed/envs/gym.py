@@ -11,6 +11,7 @@ too. CartPole steps all E envs in one numpy call (``SameStepCartPole``).
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import os
 import subprocess
@@ -130,6 +131,20 @@ def _registers(module: str, env_id: str) -> bool:
     return check.returncode == 0
 
 
+@functools.cache
+def continuous_actions(env_id: str) -> bool:
+    """Whether ``env_id`` takes continuous (Box) actions, from one env made here: a registered
+    id says nothing of its spaces. False where it cannot be made; ``check`` says why later."""
+    try:
+        env = gym.make(env_id)
+    except Exception:
+        return False
+    try:
+        return isinstance(env.action_space, gym.spaces.Box)
+    finally:
+        env.close()
+
+
 class GymFamily(EnvFamily):
     """Any id in Gymnasium's registry, after importing the module a ``module:`` part names."""
 
@@ -146,7 +161,9 @@ class GymFamily(EnvFamily):
         return env_id if module is None else f"{module}:{env_id}"
 
     def preset(self, env_id: str) -> str:
-        return "mujoco" if env_id.rsplit("-v", 1)[0] in MUJOCO_TASKS else "classic"
+        if env_id.rsplit("-v", 1)[0] in MUJOCO_TASKS:
+            return "mujoco"
+        return "continuous" if continuous_actions(env_id) else "classic"
 
     def check(self, env_id: str) -> None:
         module, _, name = env_id.rpartition(":")
