@@ -247,6 +247,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.print_config:
         return _print_config(_named_layers(args, skip))
     layers = _settings_layers(args, skip)
+    if {"listen", "remote_actors"} & {key for layer in layers for key in layer}:
+        raise SeedbedError(
+            "seedbed launch opens the learners' listeners itself and counts their actors with "
+            "--actors; drop --listen and --remote-actors (remote actors of your own: seedbed train)"
+        )
     train = resolve(layers).train  # here --actors counts the Ray actors
     if train.learner_replicas == 1:
         # Every actor is remote: the learner listens (on a cluster, launch widens it with a

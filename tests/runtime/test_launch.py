@@ -72,11 +72,16 @@ def actor_hosts() -> dict[int, psutil.Process]:
     return {p.pid: p for p in procs if "ActorHost" in " ".join(p.info["cmdline"] or ())}
 
 
-def connected(proc: psutil.Process) -> bool:
+def connected(proc: psutil.Process, port: int) -> bool:
+    """Whether ``proc`` holds a connection to the learner's port (a Ray worker holds others, to
+    Ray's own services, from its start)."""
     try:
-        return any(c.status == psutil.CONN_ESTABLISHED for c in proc.net_connections("tcp"))
+        conns = proc.net_connections("tcp")
     except psutil.Error:
         return False
+    return any(
+        c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port == port for c in conns
+    )
 
 
 def test_a_dead_actor_is_restarted_by_ray(tmp_path, nothing_left_behind):
@@ -87,8 +92,9 @@ def test_a_dead_actor_is_restarted_by_ray(tmp_path, nothing_left_behind):
     assert before, "no actor process found"
     next(iter(before.values())).kill()
     # Ray starts the killed actor again; the run goes on until the new one holds a connection.
+    port = int((run / "listen_address").read_text().strip().rpartition(":")[2])
     deadline = time.monotonic() + 120
-    while not any(connected(p) for pid, p in actor_hosts().items() if pid not in before):
+    while not any(connected(p, port) for pid, p in actor_hosts().items() if pid not in before):
         assert proc.poll() is None and time.monotonic() < deadline, "the actor never came back"
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
@@ -136,6 +142,20 @@ def test_actors_to_start_counts_what_fits(placement, resources, started):
 def test_actors_to_start_refuses_what_cannot_run(placement, resources, says):
     with pytest.raises(SeedbedError, match=re.escape(says)):
         actors_to_start(placement, resources)
+
+
+@pytest.mark.parametrize("flag", [("--listen", "127.0.0.1:0"), ("--remote-actors", "4")])
+def test_a_listener_or_remote_slots_of_ones_own_are_refused_in_one_line(tmp_path, flag):
+    """The launch sets both itself (every actor a Ray actor); a user's would be overwritten."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "seedbed", "launch", "--ray", "--run-dir", str(tmp_path), *flag],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert "drop --listen and --remote-actors" in line and not (tmp_path / "config.yaml").exists()
 
 
 def test_no_room_for_every_actor_refuses_before_starting_any(tmp_path, nothing_left_behind):
