@@ -140,8 +140,9 @@ def _presets() -> list[str]:
         "What each env family's row of presets changes over the built-in defaults above, from "
         "the files in `src/seedbed/presets/`: `ROW.yaml` applies to every run of the row "
         "(its `agent` is the default one), `ROW/AGENT.yaml` to runs of that agent only. The "
-        "row is the family's name; Gymnasium's ids take `mujoco` for MuJoCo tasks, else "
-        "`classic`. An agent without a file keeps its built-in defaults.",
+        "row is the family's name; Gymnasium's ids take `mujoco` for MuJoCo tasks, "
+        "`continuous` for other ids with continuous actions, else `classic`. An agent without "
+        "a file keeps its built-in defaults.",
         "",
     ]
     for row_file in sorted(FOLDER.glob("*.yaml")):
