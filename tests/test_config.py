@@ -14,7 +14,8 @@ def test_defaults_are_the_embedded_cartpole_run():
     config = resolve([{}])
     assert config.train.env == "CartPole-v1" and config.train.agent == "ppo"
     assert config.train.target_return == 475.0
-    assert not config.agent.normalize_obs and (config.agent.epochs, config.agent.lr) == (4, 2e-3)
+    assert config.agent.normalize_obs and config.agent.popart and config.train.unroll == 128
+    assert (config.agent.epochs, config.agent.lr) == (4, 2e-3)
     assert resolve([{"env": "atari:Pong"}]).train.agent == "ppo"
     assert resolve([{"env": "dmc:cartpole-balance"}]).train.agent == "ppo"  # continuous actions
     assert resolve([{"env": "HalfCheetah-v5"}]).train.agent == "ppo"
@@ -153,7 +154,7 @@ def test_atari_ids_get_their_family_defaults_below_files_and_flags(tmp_path):
     assert vtrace.train.unroll == 5 and not vtrace.agent.normalize_advantages
     assert vtrace.agent.torso == "nature" and vtrace.train.lr_schedule == "constant"
     classic = resolve([{"env": "Acrobot-v1"}])
-    assert classic.agent.torso == "mlp" and classic.train.unroll == 16
+    assert classic.agent.torso == "mlp" and classic.train.unroll == 128
     path = tmp_path / "c.yaml"
     path.write_text("env: atari:Pong\nunroll: 40\nppo:\n  torso: impala\n")
     mine = resolve([load_yaml(path), {"discount": 0.9}])

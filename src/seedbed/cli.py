@@ -246,8 +246,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     skip = ("ray", "actor_cpus", "learner_cpus", "fit_actors")
     if args.print_config:
         return _print_config(_named_layers(args, skip))
-    layers = _settings_layers(args, skip)
-    if {"listen", "remote_actors"} & {key for layer in layers for key in layer}:
+    named = _named_layers(args, skip)
+    layers = [values for _, values in named]
+    given = {key for name, values in named if not name.startswith(_RESUMED) for key in values}
+    if {"listen", "remote_actors"} & given:  # a resumed run's own were the launcher's
         raise SeedbedError(
             "seedbed launch opens the learners' listeners itself and counts their actors with "
             "--actors; drop --listen and --remote-actors (remote actors of your own: seedbed train)"

@@ -63,9 +63,13 @@ def agent_and_batch(**settings):
     return agent, collect(agent, DISCRETE, num_envs=4, unroll=6), config
 
 
-def test_the_clipped_surrogate_matches_a_loop_over_the_paper():
-    """Schulman et al. 2017, eq. 7, with the ratio against the policy that acted."""
-    agent, batch, config = agent_and_batch(normalize_advantages=False, value_clip=0.1)
+@pytest.mark.parametrize("popart", [False, True])
+def test_the_clipped_surrogate_matches_a_loop_over_the_paper(popart):
+    """Schulman et al. 2017, eq. 7, with the ratio against the policy that acted; with PopArt
+    the value error is measured in units of the targets' deviation (van Hasselt et al. 2016)."""
+    agent, batch, config = agent_and_batch(
+        normalize_advantages=False, value_clip=0.1, popart=popart
+    )
     for _ in range(3):  # move the policy away from the one that acted, so ratios leave 1
         agent.learn(batch)
     ready = prepared(agent.network, batch)
@@ -96,8 +100,11 @@ def test_the_clipped_surrogate_matches_a_loop_over_the_paper():
             v_clipped = before + min(max(v - before, -0.1), 0.1)
             value += max((v - ret) ** 2, (v_clipped - ret) ** 2)
     n = T * B
+    sigma = float(agent.network.value.sigma) if popart else 1.0
+    assert sigma != 1.0 or not popart  # the statistics moved: the division is tested
     assert terms["loss_policy"].detach().item() == pytest.approx(-surrogate / n, rel=1e-5)
-    assert terms["loss_baseline"].detach().item() == pytest.approx(0.5 * 0.5 * value / n, rel=1e-5)
+    loss_baseline = 0.5 * 0.5 * value / n / sigma**2
+    assert terms["loss_baseline"].detach().item() == pytest.approx(loss_baseline, rel=1e-5)
     assert stats["clip_fraction"] == pytest.approx(clipped_count / n)
     assert 0 < stats["clip_fraction"] < 1
     assert stats["entropy"] == pytest.approx(entropy / n, rel=1e-5)
@@ -301,7 +308,8 @@ def test_invalid_settings_are_one_line(settings, message):
         {"inference": "local", "actor_precision": "int8", "hidden_sizes": "256,256"},
         {"learner_replicas": 2, "batch": 8},
         {"lstm": True},
-        {"env": "Pendulum-v1", "inference": "local", "actor_precision": "int8", "lstm": True},
+        {"env": "Pendulum-v1", "inference": "local", "actor_precision": "int8", "lstm": True}
+        | {"minibatches": 2},  # the continuous preset's 8 would not fit the tiny batch of 4
     ],
     ids=["local-int8", "replicated", "lstm", "gaussian-local-int8-lstm"],
 )
