@@ -70,6 +70,9 @@ def act(
             submitted, action = True, acted["action"]
         obs, reward, terminated, truncated, _ = envs.step(action)
         done = terminated | truncated
+        # Gymnasium's TimeLimit says truncated at the limit even where the task ended there:
+        # that end is the task's, not a cut a learner may bootstrap across.
+        truncated = truncated & ~terminated
 
 
 def run_actor(
