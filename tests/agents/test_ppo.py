@@ -13,6 +13,8 @@ from seedbed.agents import make_agent
 from seedbed.agents.base import entropy_cost
 from seedbed.agents.policies import GaussianPolicy
 from seedbed.agents.ppo.learning import (
+    _flat_steps,
+    _select_steps,
     batch_targets,
     gae,
     ppo_loss,
@@ -200,6 +202,63 @@ def test_vtrace_advantages_on_policy_give_the_gae_returns():
     assert torch.allclose(vtrace["returns"], plain["returns"], atol=1e-5)
 
 
+def test_a_minibatch_of_steps_is_the_surrogate_over_just_those_steps():
+    """``minibatch_of=steps``: a minibatch of transitions drawn from every unroll gives the
+    clipped surrogate and value error of exactly those (t, b), as a loop over them does; and
+    all T x B of them give the whole batch's loss."""
+    agent, batch, config = agent_and_batch(
+        normalize_advantages=False, value_clip=0.1, popart=False, minibatch_of="steps"
+    )
+    for _ in range(3):  # ratios leave 1
+        agent.learn(batch)
+    ready = prepared(agent.network, batch)
+    targets = batch_targets(agent.network, ready, config, agent.policy)
+    flat, flat_targets = _flat_steps(ready, targets)
+    T, B = targets["advantages"].shape
+    everything = _select_steps(flat, flat_targets, torch.arange(T * B))
+    whole, _ = ppo_loss(agent.network, ready, targets, config, agent.policy, 0.0)
+    all_steps, _ = ppo_loss(agent.network, *everything, config, agent.policy, 0.0)
+    for name, value in whole.items():
+        assert all_steps[name].item() == pytest.approx(value.item(), rel=1e-5), name
+
+    rows = torch.tensor([5, 0, 17, 9, 22])
+    part, minibatch = _select_steps(flat, flat_targets, rows)
+    assert part.batch_size == len(rows) and len(part.steps["obs"]) == 1
+    terms, _ = ppo_loss(agent.network, part, minibatch, config, agent.policy, 0.0)
+    s = batch.steps
+    with torch.no_grad():
+        logits, values, _ = agent.network(
+            s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state
+        )
+    surrogate = value = 0.0
+    for i in rows.tolist():
+        t, b = divmod(i, B)
+        a = int(s["action"][t, b])
+        new = float(F.log_softmax(logits[t, b], -1)[a])
+        old = float(F.log_softmax(s["logits"][t, b], -1)[a])
+        ratio, adv = math.exp(new - old), float(targets["advantages"][t, b])
+        surrogate += min(ratio * adv, min(max(ratio, 0.8), 1.2) * adv)
+        v, ret = float(values[t, b]), float(targets["returns"][t, b])
+        before = float(targets["values"][t, b])
+        value += max((v - ret) ** 2, (before + min(max(v - before, -0.1), 0.1) - ret) ** 2)
+    n = len(rows)
+    assert terms["loss_policy"].item() == pytest.approx(-surrogate / n, rel=1e-5)
+    assert terms["loss_baseline"].item() == pytest.approx(0.25 * value / n, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("settings", "of_steps"),
+    [
+        ({}, True),  # CartPole's preset: auto, and no LSTM
+        ({"lstm": True}, False),  # auto with an LSTM: whole unrolls, which it replays
+        ({"minibatch_of": "unrolls"}, False),
+        ({"env": "HalfCheetah-v5"}, False),  # MuJoCo's preset keeps whole unrolls
+    ],
+)
+def test_auto_draws_steps_only_for_a_network_without_memory(settings, of_steps):
+    assert resolve([{"agent": "ppo", **settings}]).agent.minibatches_of_steps is of_steps
+
+
 def test_minibatch_columns_are_indexing_in_the_batchs_layout():
     """``unroll_columns`` is ``x[:, rows]``; prepared frames stay channels-last, so no pass
     over a minibatch copies it to that layout again."""
@@ -285,10 +344,21 @@ def test_target_kl_stops_the_epochs_early():
     [
         ({"epochs": 0}, "--epochs and --minibatches must be >= 1"),
         ({"minibatches": 0}, "--epochs and --minibatches must be >= 1"),
-        ({"minibatches": 9, "batch": 8}, "--minibatches (9) must be <= --batch (8)"),
         (
-            {"minibatches": 4, "batch": 4, "learner_replicas": 2},
+            {"minibatches": 9, "batch": 8, "minibatch_of": "unrolls"},
+            "--minibatches (9) must be <= --batch (8)",
+        ),
+        (
+            {"minibatches": 4, "batch": 4, "learner_replicas": 2, "minibatch_of": "unrolls"},
             "--minibatches (4) must be <= --batch (4 / --learner-replicas = 2)",
+        ),
+        (
+            {"minibatch_of": "steps", "minibatches": 65, "batch": 8, "unroll": 16},
+            "--minibatches (65) must be <= 64 with --minibatch-of steps",
+        ),
+        (
+            {"minibatch_of": "steps", "lstm": True},
+            "--minibatch-of steps cannot be used with --lstm",
         ),
         ({"clip_ratio": 0}, "--clip-ratio must be positive"),
         ({"td_lambda": 1.5}, "--td-lambda must lie in [0, 1]"),
@@ -310,8 +380,10 @@ def test_invalid_settings_are_one_line(settings, message):
         {"lstm": True},
         {"env": "Pendulum-v1", "inference": "local", "actor_precision": "int8", "lstm": True}
         | {"minibatches": 2},  # the continuous preset's 8 would not fit the tiny batch of 4
+        {"env": "Pendulum-v1", "minibatch_of": "steps", "minibatches": 8, "batch": 4}
+        | {"learner_replicas": 2},  # more minibatches than unrolls: steps allow it
     ],
-    ids=["local-int8", "replicated", "lstm", "gaussian-local-int8-lstm"],
+    ids=["local-int8", "replicated", "lstm", "gaussian-local-int8-lstm", "steps-replicated"],
 )
 def test_ppo_runs_unchanged_on_every_layout(tmp_path, no_leaks, settings):
     summary = train(resolve([tiny_settings(tmp_path / "run", agent="ppo", **settings)]))

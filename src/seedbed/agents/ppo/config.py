@@ -31,7 +31,13 @@ class PPOConfig(VTraceConfig):
         "gae", "advantages: GAE(lambda), or V-trace's, corrected for the policy lag (APPO)"
     )
     epochs: int = setting(4, "passes over each learner batch")
-    minibatches: int = setting(4, "minibatches per epoch; each holds batch / minibatches unrolls")
+    minibatches: int = setting(4, "minibatches per epoch; each holds 1 / minibatches of the batch")
+    minibatch_of: Literal["unrolls", "steps", "auto"] = setting(
+        "unrolls",
+        "what minibatches are drawn from: whole unrolls (a recurrent core replays each from its "
+        "start state), single steps from all the batch's unrolls, as CleanRL and SB3 draw them "
+        "(networks without --lstm), or auto: steps without --lstm, unrolls with it",
+    )
     clip_ratio: float = setting(0.2, "epsilon: clip of the probability ratio in the surrogate")
     clip_against: Literal["acting", "learner"] = setting(
         "acting",
@@ -54,6 +60,11 @@ class PPOConfig(VTraceConfig):
         "clip", "Gaussian policies: bring samples into the action bounds by clipping, or tanh"
     )
 
+    @property
+    def minibatches_of_steps(self) -> bool:
+        """Whether minibatches are single steps (``minibatch_of``, resolved for ``lstm``)."""
+        return self.minibatch_of == "steps" or (self.minibatch_of == "auto" and not self.lstm)
+
     def validate(self) -> None:
         """Raise ConfigError on a value that cannot work."""
         super().validate()
@@ -63,6 +74,11 @@ class PPOConfig(VTraceConfig):
             )
         if self.clip_ratio <= 0:
             raise ConfigError(f"--clip-ratio must be positive, got {self.clip_ratio}")
+        if self.minibatch_of == "steps" and self.lstm:
+            raise ConfigError(
+                "--minibatch-of steps cannot be used with --lstm: a recurrent core needs whole "
+                "unrolls to replay its state; use --minibatch-of unrolls or auto"
+            )
         for name in ("value_clip", "target_kl"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -77,7 +93,17 @@ class PPOConfig(VTraceConfig):
                 "its epochs at its own step; leave it none"
             )
         share = train.replica_shard(0).batch  # what each replica learns from
-        if self.minibatches > share:
+        if self.minibatches_of_steps:
+            # A minibatch's advantages are normalized over its steps: one step has no spread.
+            steps = share * train.unroll
+            most = steps // 2 if self.normalize_advantages else steps
+            if self.minibatches > most:
+                why = ", two a minibatch to normalize advantages over" if most < steps else ""
+                raise ConfigError(
+                    f"--minibatches ({self.minibatches}) must be <= {most} with --minibatch-of "
+                    f"steps: a replica's batch holds {steps} steps{why}"
+                )
+        elif self.minibatches > share:
             where = f" / --learner-replicas = {share}" if share != train.batch else ""
             raise ConfigError(
                 f"--minibatches ({self.minibatches}) must be <= --batch ({train.batch}{where}): "

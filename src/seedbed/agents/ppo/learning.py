@@ -2,16 +2,18 @@
 
 Each learner batch of B unrolls is learned from ``epochs`` times, in ``minibatches`` shuffled
 minibatches of whole unrolls (so a recurrent core replays each sequence from its stored start
-state). Advantages and value targets are computed once per batch, before its first update, with
-the network as it then is: GAE(lambda) (Schulman et al. 2016), or V-trace's, which also correct
-for the lag between the policy that acted and the learner's (``advantages=vtrace``). The ratio in
-the surrogate is taken against the policy that acted, whose parameters the unrolls carry
-(logits, or a Gaussian's mean and log-std: ``seedbed.agents.policies``); or, with
-``clip_against=learner``, against the learner's policy at the start of the batch, each step
-weighted by that policy's probability over the acting one's, truncated (decoupled PPO: Hilton et
-al. 2022, "Batch size-invariance for policy optimization"). Central inference acts with
-parameters one or more batches old, so against the acting policy a ratio may be clipped before
-the batch has moved the policy at all, and its step then teaches nothing.
+state) or, with ``minibatch_of=steps`` (or ``auto``) and no recurrent core, of single
+transitions drawn from all the unrolls, as CleanRL and SB3 draw them. Advantages and value
+targets are computed once per batch, before its first update, with the network as it then is:
+GAE(lambda) (Schulman et al. 2016), or V-trace's, which also correct for the lag between the
+policy that acted and the learner's (``advantages=vtrace``). The ratio in the surrogate is taken
+against the policy that acted, whose parameters the unrolls carry (logits, or a Gaussian's mean
+and log-std: ``seedbed.agents.policies``); or, with ``clip_against=learner``, against the
+learner's policy at the start of the batch, each step weighted by that policy's probability over
+the acting one's, truncated (decoupled PPO: Hilton et al. 2022, "Batch size-invariance for
+policy optimization"). Central inference acts with parameters one or more batches old, so
+against the acting policy a ratio may be clipped before the batch has moved the policy at all,
+and its step then teaches nothing.
 """
 
 from __future__ import annotations
@@ -108,7 +110,9 @@ def ppo_loss(
     s = batch.steps
     inputs = s["obs"], s["prev_action"], s["reward"], s["done"], batch.initial_state
     params, values, _ = net(*inputs, prepared=True)
-    params, values = params[:-1], values[:-1]
+    # Unrolls carry a bootstrap step past their T transitions; a minibatch of steps does not.
+    transitions = len(targets["advantages"])
+    params, values = params[:transitions], values[:transitions]
     log_ratio = policy.log_prob(params, s) - targets["anchor"]
     ratio = log_ratio.exp()
     advantages = targets["advantages"]
@@ -177,6 +181,26 @@ def _select(
     return part, {k: unroll_columns(v, rows) for k, v in targets.items()}
 
 
+def _flat_steps(
+    batch: Unrolls, targets: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The T x B transitions of ``batch`` (without the bootstrap step) and their targets, each
+    ``[T * B, ...]``, step t of unroll b at ``t * B + b``; for a network without memory, whose
+    every step stands on its own."""
+    steps = {k: v[:-1].flatten(0, 1) for k, v in batch.steps.items()}
+    steps["policy_version"] = batch.policy_version.repeat(len(batch.steps["action"]) - 1)
+    return steps, {k: v.flatten(0, 1) for k, v in targets.items()}
+
+
+def _select_steps(
+    steps: dict[str, torch.Tensor], targets: dict[str, torch.Tensor], rows: torch.Tensor
+) -> tuple[Unrolls, dict[str, torch.Tensor]]:
+    """The transitions ``rows`` of ``_flat_steps``, as one step of ``len(rows)`` unrolls."""
+    picked = {k: v.index_select(0, rows.to(v.device))[None] for k, v in steps.items()}
+    version = picked.pop("policy_version")[0]
+    return Unrolls(picked, (), version), {k: v[rows][None] for k, v in targets.items()}
+
+
 class PPOAgent(VTraceAgent):
     """Acts as the V-trace agent does (with a Gaussian policy for continuous actions); learns
     each batch over several epochs of minibatches."""
@@ -222,12 +246,19 @@ class PPOAgent(VTraceAgent):
         sums: dict[str, float] = {}
         steps = epochs = 0
         cost = entropy_cost(cfg, self.optimizer)
+        by_steps = cfg.minibatches_of_steps
+        if by_steps:
+            flat, flat_targets = _flat_steps(batch, targets)
+        draws = len(flat_targets["advantages"]) if by_steps else batch.batch_size
         for _ in range(cfg.epochs):
             kl = 0.0
-            order = torch.randperm(batch.batch_size, generator=self.shuffles).to(self.device)
+            order = torch.randperm(draws, generator=self.shuffles).to(self.device)
             chunks = order.chunk(cfg.minibatches)
             for rows in chunks:
-                part, minibatch = _select(batch, targets, rows)
+                if by_steps:
+                    part, minibatch = _select_steps(flat, flat_targets, rows)
+                else:
+                    part, minibatch = _select(batch, targets, rows)
                 terms, stats = ppo_loss(self.network, part, minibatch, cfg, self.policy, cost)
                 metrics = optimizer_step(self.network, self.optimizer, terms, cfg.max_grad_norm)
                 for key, value in {**metrics, **stats}.items():
