@@ -412,6 +412,41 @@ def test_the_fifo_accepts_learned_and_has_no_stats():
     assert len(queue) == 0 and queue.stats() is None
 
 
+def test_lockstep_holds_acting_while_a_batch_waits_or_is_learned():
+    queue = UnrollQueue(8)
+    assert queue.may_act(0.0)  # not in lockstep: never held
+    queue.put(make_unrolls(0, 4, 3))
+    assert queue.may_act(0.0)
+    queue.hold_acting(4)
+    assert not queue.may_act(0.0)  # a whole batch waits
+    batch = queue.get(4)
+    assert not queue.may_act(0.0)  # and is being learned from
+    queue.put(make_unrolls(4, 3, 3))  # fewer than a batch: the learner needs more, never held
+    queue.learned(batch)
+    assert queue.may_act(0.0)
+
+    # A waiter wakes when the learner is done, not at its timeout.
+    queue.put(make_unrolls(7, 1, 3))
+    batch = queue.get(4)
+    woke: list[float] = []
+
+    def wait() -> None:
+        start = time.perf_counter()
+        assert queue.may_act(30.0)
+        woke.append(time.perf_counter() - start)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.2)
+    assert not woke  # still held
+    queue.learned(batch)
+    waiter.join(5.0)
+    assert woke and woke[0] < 5.0
+    queue.put(make_unrolls(8, 4, 3))
+    queue.close()
+    assert not queue.may_act(0.0)  # closed: nothing to act for
+
+
 @pytest.mark.parametrize("store", [UnrollQueue, PrioritizedReplay])
 def test_both_stores_have_the_buffer_methods(store):
     # No type checker runs here: check by hand that each is a Buffer, as the runtime types it.

@@ -78,6 +78,11 @@ class TrainConfig:
         "(each takes whole requests, so an env is served by one thread at a time)",
     )
     queue_size: int = setting(32, "most full unrolls waiting for the learner (backpressure)")
+    lockstep: bool = setting(
+        False,
+        "acting waits while a batch is waiting for or in the learner, so each batch is acted by "
+        "the newest policy (no policy lag; the actors idle while it learns): PPO, V-trace",
+    )
     total_frames: int = setting(5_000_000, "stop after this many environment frames")
     lr_schedule: Literal["constant", "linear"] = setting(
         "constant",
@@ -372,6 +377,7 @@ TRAIN_GROUPS: dict[str, tuple[str, ...]] = {
         "unroll",
         "batch",
         "queue_size",
+        "lockstep",
         "lr_schedule",
         "lr_hold_frames",
         "learner_threads",

@@ -62,17 +62,45 @@ def split_unrolls(unrolls: Unrolls, n: int) -> tuple[Unrolls, Unrolls]:
 
 
 class UnrollQueue:
-    """A FIFO of unrolls bounded by a count; producers wait while it is full (backpressure)."""
+    """A FIFO of unrolls bounded by a count; producers wait while it is full (backpressure).
+
+    In lockstep (``hold_acting``) acting waits as well, while a whole batch is waiting here or
+    in the learner's hands: each batch is then acted by the policy that learned the one before.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._parts: collections.deque[Unrolls] = collections.deque()
         self._size = 0
+        self._learning = 0  # unrolls taken by ``get`` and not yet ``learned``
+        self._hold_at: int | None = None
         self._cond = threading.Condition()
         self._closed = False
 
     def __len__(self) -> int:
         return self._size
+
+    def hold_acting(self, batch_size: int) -> None:
+        """Lockstep: ``may_act`` waits while ``batch_size`` unrolls are waiting or learned from.
+
+        Acting is never held while fewer are, so the learner always gets a full batch (envs
+        whose unrolls end out of step cannot leave it short)."""
+        with self._cond:
+            self._hold_at = batch_size
+
+    def may_act(self, timeout: float | None = None) -> bool:
+        """Whether acting may go on: at once unless held (``hold_acting``); False if it was
+        still held after ``timeout`` or the queue closed."""
+        with self._cond:
+            if self._hold_at is None:
+                return not self._closed
+            held = self._hold_at
+            return (
+                self._cond.wait_for(
+                    lambda: self._closed or self._size + self._learning < held, timeout
+                )
+                and not self._closed
+            )
 
     def put(self, unrolls: Unrolls, timeout: float | None = None) -> bool:
         """Add a batch of unrolls; False if it timed out while full or the queue closed."""
@@ -102,11 +130,16 @@ class UnrollQueue:
                 taken.append(part)
                 count += part.batch_size
             self._size -= batch_size
+            self._learning += batch_size
             self._cond.notify_all()
         return concat_unrolls(taken)
 
     def learned(self, batch: Unrolls) -> None:
-        """Nothing to record, as a FIFO has no priorities; here so the runtime calls both alike."""
+        """The learner is done with ``batch`` (and has published what it learned): in
+        lockstep, acting may go on. A FIFO has no priorities to record."""
+        with self._cond:
+            self._learning = max(0, self._learning - batch.batch_size)
+            self._cond.notify_all()
 
     def stats(self) -> None:
         """None: a FIFO's unrolls are each learned from once, so there is nothing to report."""

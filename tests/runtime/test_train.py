@@ -355,6 +355,42 @@ def test_several_inference_threads_serve_a_run(tmp_path, no_leaks):
     assert shares["acting"] > 0 and sum(shares.values()) == pytest.approx(1.0, abs=0.01)
 
 
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {},  # two unrolls per env each batch of 4: each round of 8 envs makes two batches
+        # Rounds that do not split into batches, served by two threads a request an actor.
+        {"actors": 3, "envs_per_actor": 3, "inference_threads": 2, "inference_batch": 3},
+    ],
+)
+def test_lockstep_acts_each_batch_with_a_recent_policy(tmp_path, no_leaks, layout):
+    """--lockstep: no acting while a batch waits for or is in the learner, so every batch is
+    acted by one of the last few policies (its first step, which the unroll before acted, by
+    at most one more), with no deadlock where the envs' unrolls do not fill whole batches.
+    Without it, the queue lets the actors run ahead by many updates."""
+
+    def lags(lockstep: bool) -> list[float]:
+        run_dir = tmp_path / f"run-{lockstep}"
+        settings = tiny_settings(run_dir, lockstep=lockstep, total_frames=6000, **layout)
+        summary = train(resolve([settings]))
+        assert summary["stop_reason"] == "total_frames" and summary["learner_steps"] > 100
+        return [float(row["policy_lag"]) for row in rows(run_dir) if row["policy_lag"]]
+
+    held = lags(True)
+    assert max(held) <= 3.0, held
+    if not layout:
+        assert max(lags(False)[2:]) > 6.0  # the same run, free to run ahead
+
+
+def test_lockstep_is_refused_for_a_replay_agent(tmp_path, no_leaks):
+    from seedbed.errors import ConfigError
+
+    settings = tiny_settings(tmp_path / "run", agent="dqn", lockstep=True)
+    with pytest.raises(ConfigError, match="--lockstep is for agents that learn each unroll") as e:
+        train(resolve([settings]))
+    assert "\n" not in str(e.value) and "dqn" in str(e.value)
+
+
 def test_actors_failing_at_start_with_the_same_error_stop_the_run_at_once(
     tmp_path, no_leaks, capfd
 ):

@@ -33,6 +33,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -101,7 +102,8 @@ class InferenceServer:
     ``action_shape`` and ``action_dtype`` are one env's action as the env spec gives them (the
     defaults: a discrete action, one int64); ``frame_stack`` is its ``learner_stack``;
     ``num_actions`` its discrete action count, which local actors' actions are checked against
-    (0: not checked).
+    (0: not checked). ``acting_gate(timeout)``, where given, says whether acting may go on,
+    waiting up to ``timeout`` seconds (``--lockstep``).
     """
 
     def __init__(
@@ -120,8 +122,10 @@ class InferenceServer:
         precision: str = "fp32",
         frame_stack: int = 1,
         num_actions: int = 0,
+        acting_gate: Callable[[float], bool] | None = None,
     ) -> None:
         self.agent = agent
+        self.acting_gate = acting_gate  # --lockstep: ``UnrollQueue.may_act``
         self.num_actions = num_actions
         self.precision = precision  # what central inference acts in (seedbed.quantize)
         self.frames_per_step = frames_per_step
@@ -205,6 +209,13 @@ class InferenceServer:
         reads from the request is copied into the unroll buffers before the answer, since an
         answered actor overwrites its rows.
         """
+        # In lockstep, nothing acts while a batch waits for or is in the learner (the check is
+        # here, not after a put, so that every serving thread waits).
+        if self.acting_gate is not None:
+            while not self.acting_gate(0.1):
+                if stop is None or stop.is_set():
+                    return
+            self.stopwatch.lap("waiting_for_learner")
         ids, rows = env_rows(request.env_ids)
         run_id = np.asarray(request.run_id, np.int64)
         restarted = self._run_id[rows] != run_id

@@ -27,10 +27,11 @@ from rich.console import Console
 from seedbed.actor import run_actor
 from seedbed.actor.local import LocalActing, acted_fields
 from seedbed.config import RunConfig, TrainConfig, to_dict
-from seedbed.errors import SeedbedError
+from seedbed.errors import ConfigError, SeedbedError
 from seedbed.inference.publish import PolicyPublisher
 from seedbed.inference.server import InferenceServer
 from seedbed.quantize import encode_policy
+from seedbed.replay import UnrollQueue
 from seedbed.replicate import ReplicaContext
 from seedbed.runtime.front_door import FrontDoor, shared_token
 from seedbed.runtime.supervisor import ActorSupervisor
@@ -116,6 +117,13 @@ class Services:
         published at ``learner_steps``; ``processes`` stops them."""
         cfg = self.layout
         queue = self.agent.make_buffer(cfg.unroll, cfg.queue_size, cfg.batch, cfg.seed)
+        if cfg.lockstep:
+            if not isinstance(queue, UnrollQueue):
+                raise ConfigError(
+                    f"--lockstep is for agents that learn each unroll once (ppo, vtrace); "
+                    f"{cfg.agent} learns from a replay buffer: leave --lockstep off"
+                )
+            queue.hold_acting(cfg.batch)
         local = cfg.inference == "local"
         transports = backend(cfg.transport)  # --transport: how actor processes reach us
         acted = acted_fields(self.agent, self.spec) if local else ()
@@ -142,6 +150,7 @@ class Services:
             precision=cfg.precision,
             frame_stack=self.spec.learner_stack,
             num_actions=self.spec.num_actions,  # local actors' actions are checked against it
+            acting_gate=queue.may_act if cfg.lockstep else None,
         )
         self.publisher = PolicyPublisher(
             self.agent,

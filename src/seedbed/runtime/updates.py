@@ -93,10 +93,10 @@ class InlineUpdates:
         """Learn from ``batch`` now, at the rates for ``frames``, and publish the result."""
         watch = self.stopwatch
         batch, metrics = learn_step(self.agent, self.learning_rates, batch, frames, self.device)
-        self.buffer.learned(batch)
         watch.lap("learning")
         self.steps += 1
         self.publisher.publish(self.steps, batch)
+        self.buffer.learned(batch)  # after publishing: in lockstep, acting resumes on it
         watch.lap("publishing")
         self.learned(Update(metrics, policy_lag(batch, self.steps)))
 
@@ -248,7 +248,6 @@ class LearnerProcess:
         self._seconds = seconds
         if priorities is not None:
             batch.replay.priorities = torch.from_numpy(priorities)
-        self.buffer.learned(batch)
         # The mirror may hold a newer update than this one already: publish what it holds,
         # under its version, once.
         with self._lock:
@@ -257,6 +256,7 @@ class LearnerProcess:
                 probe = restack(batch) if self.publisher.measured else None
                 self.publisher.publish(version, probe)
                 self._published = version
+        self.buffer.learned(batch)  # after publishing: in lockstep, acting resumes on it
         self.learned(Update(metrics, lag))
 
     def _died(self) -> SeedbedError:
