@@ -252,7 +252,8 @@ def test_a_minibatch_of_steps_is_the_surrogate_over_just_those_steps():
         ({}, True),  # CartPole's preset: auto, and no LSTM
         ({"lstm": True}, False),  # auto with an LSTM: whole unrolls, which it replays
         ({"minibatch_of": "unrolls"}, False),
-        ({"env": "HalfCheetah-v5"}, False),  # MuJoCo's preset keeps whole unrolls
+        ({"env": "HalfCheetah-v5"}, True),  # MuJoCo's preset: auto
+        ({"env": "Pendulum-v1"}, False),  # the continuous preset keeps whole unrolls
     ],
 )
 def test_auto_draws_steps_only_for_a_network_without_memory(settings, of_steps):
