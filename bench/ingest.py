@@ -20,6 +20,9 @@ point), over a window of ``--seconds`` after ``--warmup-s``:
   system time from ``/proc``, the simulated actors (the bench's own processes) left out;
   ``host_cpu_us_per_step`` and ``host_cpu_cores`` the same per step and in cores, and
   ``host_cpu_share`` how it splits (``learner``, ``gateways``, ``other``);
+- ``learning_us_per_frame``: the part of it the learner loop's thread took (learning from the
+  unrolls, on the CPU here; on a GPU learner the device's), and ``ingest_us_per_frame`` the rest:
+  what taking the steps in and answering them costs the host;
 - ``lost``: 0 when nothing was lost (the accounting below), else how many frames were;
 - ``bytes_per_step`` and ``bytes_per_reply``: the protobuf messages with gRPC's 5-byte prefix
   (HTTP/2 and TCP framing not counted);
@@ -45,8 +48,9 @@ learner`` sends; the learner here keeps no stacks, so this measures the wire and
 the stack table). The Atari sizes are ``bench/ingest_envs.py``'s ids: the learner reads only
 the spec.
 The learner is V-trace on the smallest MLP seedbed builds (``--hidden-sizes 1``: one unit, some
-28k multiply-adds per Atari frame, which a real learner would spend on its accelerator), with
-one torch thread for inference and one for learning; flags after ``--`` go to ``seedbed train``.
+28k multiply-adds per Atari frame, which a real learner would spend on its accelerator) with one
+torso for policy and value, as seedbed's Atari presets have (``--shared-torso``), one torch
+thread for inference and one for learning; flags after ``--`` go to ``seedbed train``.
 
 Accounting ("nothing lost"). Each stream counts the steps it sent and the actions it got. When
 the window closes, each actor stops at the end of its envs' current unrolls (its step count
@@ -271,6 +275,7 @@ def learner_flags(point: Point, args: Any, tmp: Path) -> list[str]:
     but the bench's SIGINT."""
     return [
         *("--env", point.size.env, "--agent", "vtrace", "--hidden-sizes", args.hidden_sizes),
+        "--shared-torso",
         *("--actors", "0", "--listen", "127.0.0.1:0", "--remote-actors", str(point.actors)),
         *("--gateways", str(point.gateways)),
         *("--token-file", str(tmp / "token"), "--envs-per-actor", str(point.envs)),
@@ -435,6 +440,7 @@ def row(point: Point, before: Snapshot, after: Snapshot, outs: list[dict], books
     host = {k: max(0.0, after.host_s[k] - before.host_s.get(k, 0.0)) for k in after.host_s}
     host_cpu = sum(host.values())
     host_us_per_step = 1e6 * host_cpu / steps
+    learning_us_per_step = 1e6 * loop_s / steps
     alone_ms = round(float(np.median(alone)) * 1e3, 2) if len(alone) else None
     return {
         "size": point.name,
@@ -444,6 +450,8 @@ def row(point: Point, before: Snapshot, after: Snapshot, outs: list[dict], books
         "steps_per_s": round(steps / seconds, 1),
         "frames_per_s": round(steps * point.envs / seconds),
         "us_per_frame": round(host_us_per_step / point.envs, 2),
+        "learning_us_per_frame": round(learning_us_per_step / point.envs, 2),
+        "ingest_us_per_frame": round((host_us_per_step - learning_us_per_step) / point.envs, 2),
         "lost": books["frames_lost"],
         "host_cpu_us_per_step": round(host_us_per_step, 1),
         "host_cpu_cores": round(host_cpu / seconds, 3),
@@ -585,6 +593,7 @@ def main() -> None:
             },
             "sizes": {s: dataclasses.asdict(SIZES[s]) for s in sizes},
             "agent": "vtrace",
+            "shared_torso": True,
             "threads": {"inference": 1, "learner": 1},
         },
         "points": points,
@@ -600,8 +609,9 @@ def _progress(pt: dict) -> None:
     print(
         f"  {pt['frames_per_s']:,} frames/s, {pt['steps_per_s']:,} steps/s, "
         f"{pt['us_per_frame']} us/frame of learner-host CPU ({pt['host_cpu_cores']} cores; the "
-        f"learner process alone {pt['learner_cpu_us_per_frame']}), round trip p50/p90/p99 "
-        f"{lat['p50']}/{lat['p90']}/{lat['p99']} ms; lost: {books['frames_lost']}",
+        f"learner process alone {pt['learner_cpu_us_per_frame']}; learning "
+        f"{pt['learning_us_per_frame']}, ingest {pt['ingest_us_per_frame']}), round trip "
+        f"p50/p90/p99 {lat['p50']}/{lat['p90']}/{lat['p99']} ms; lost: {books['frames_lost']}",
         file=sys.stderr,
     )
 

@@ -83,6 +83,10 @@ def test_four_actors_for_three_seconds_lose_nothing_with_either_gateway(no_leaks
         # The host's CPU holds the learner process's, and with processes the gateways' too.
         assert 0 < point["learner_cpu_us_per_frame"] <= point["us_per_frame"] < 1e5
         assert abs(sum(point["host_cpu_share"].values()) - 1) < 0.01
+        # The host's CPU splits into the learner loop's learning and the ingest around it.
+        assert 0 < point["learning_us_per_frame"] < point["us_per_frame"]
+        split = point["learning_us_per_frame"] + point["ingest_us_per_frame"]
+        assert abs(split - point["us_per_frame"]) < 0.05
         books = point["accounting"]
         assert books["steps_sent"] == books["steps_answered"] > 0
         assert books["streams"] == books["connections"] == 4
