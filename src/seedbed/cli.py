@@ -326,6 +326,12 @@ def _actor_parser(subparsers: Any) -> None:
     p.add_argument("--token-file", default=None, help="file holding the learner's token")
     p.add_argument("--tls-ca", default=None, metavar="CERT", help="trust this PEM certificate")
     p.add_argument(
+        "--wire",
+        choices=("grpc", "socket"),
+        default="grpc",
+        help="how messages travel: the learner's --wire",
+    )
+    p.add_argument(
         "--reconnect-for",
         type=float,
         default=60.0,
@@ -343,7 +349,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
     token = read_secret(args.token_file, "--token-file")
     tls_ca = read_secret(args.tls_ca, "--tls-ca")
     signal.signal(signal.SIGTERM, _interrupt)
-    reason = run_remote_actor(args.connect, token, tls_ca, args.reconnect_for)
+    reason = run_remote_actor(args.connect, token, tls_ca, args.reconnect_for, args.wire)
     print(f"learner at {args.connect}: {reason}")
     return 0
 

@@ -170,6 +170,13 @@ class TrainConfig:
         "with --listen: gRPC gateway processes sharing the port, each writing remote actors' "
         "steps into the shared-memory slots; 1: the gateway runs in the learner's process",
     )
+    # gRPC costs each end more CPU per message than a small step is worth (bench/wire.py); the
+    # socket wire carries the same messages, with the same checks, on a plain socket.
+    wire: Literal["grpc", "socket"] = setting(
+        "grpc",
+        "with --listen: how remote actors' messages travel: gRPC, or the same messages on a plain "
+        "TCP or Unix socket (less CPU a step); actors need the same --wire",
+    )
     token_file: str | None = setting(
         None,
         "file holding the secret remote actors must present; none: a random one, written to "
@@ -384,7 +391,15 @@ TRAIN_GROUPS: dict[str, tuple[str, ...]] = {
         "learner_replicas",
         "learner_process",
     ),
-    "remote actors": ("listen", "remote_actors", "gateways", "token_file", "tls_cert", "tls_key"),
+    "remote actors": (
+        "listen",
+        "remote_actors",
+        "gateways",
+        "wire",
+        "token_file",
+        "tls_cert",
+        "tls_key",
+    ),
     "logging": (
         "log_every_s",
         "progress",

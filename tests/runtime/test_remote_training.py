@@ -1,5 +1,5 @@
 """Training with remote actors as users run it: ``seedbed train --listen`` and ``seedbed actor``
-processes talking gRPC over 127.0.0.1."""
+processes talking gRPC, or the socket wire (``--wire socket``), over 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -69,20 +69,28 @@ def actor(run_dir: Path, address: str, *flags: str) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize(
-    "inference",
+    ("inference", "wire"),
     [
-        (),
+        ((), "grpc"),
         # The actors act themselves, in int8 (layers wide enough that int8 applies), and get
         # each policy over their stream.
-        ("--inference", "local", "--actor-precision", "int8", "--hidden-sizes", "256,256"),
+        (
+            ("--inference", "local", "--actor-precision", "int8", "--hidden-sizes", "256,256"),
+            "grpc",
+        ),
+        # The same messages on a plain socket, policies included.
+        (
+            ("--inference", "local", "--actor-precision", "int8", "--hidden-sizes", "256,256"),
+            "socket",
+        ),
     ],
-    ids=["central", "local-int8"],
+    ids=["central", "local-int8", "local-int8-socket-wire"],
 )
-def test_two_remote_actors_train_cartpole(tmp_path, no_leaks, inference):
+def test_two_remote_actors_train_cartpole(tmp_path, no_leaks, inference, wire):
     run = tmp_path / "run"
-    flags = ("--target-return", "195", "--total-frames", "2000000", *inference)
+    flags = ("--target-return", "195", "--total-frames", "2000000", "--wire", wire, *inference)
     lr, address = learner(run, *flags)
-    actors = [actor(run, address) for _ in range(2)]
+    actors = [actor(run, address, "--wire", wire) for _ in range(2)]
     code, out, err = finish(lr)
     assert code == 0, err[-2000:]
     summary = json.loads((run / "summary.json").read_text())
@@ -112,16 +120,20 @@ def test_a_remote_atari_actor_sends_single_frames_the_learner_stacks(tmp_path, n
         assert finish(one, 30)[0] == 0
 
 
-@pytest.mark.parametrize("gateways", ["1", "2"], ids=["in-process", "2-gateway-processes"])
-def test_a_killed_actor_is_replaced_and_training_goes_on(tmp_path, no_leaks, gateways):
+@pytest.mark.parametrize(
+    ("gateways", "wire"),
+    [("1", "grpc"), ("2", "grpc"), ("2", "socket")],
+    ids=["in-process", "2-gateway-processes", "2-gateway-processes-socket-wire"],
+)
+def test_a_killed_actor_is_replaced_and_training_goes_on(tmp_path, no_leaks, gateways, wire):
     run = tmp_path / "run"
     flags = ("--gateways", gateways, "--target-return", "none", "--total-frames", "120000")
-    lr, address = learner(run, *flags)
-    first, second = (actor(run, address) for _ in range(2))
+    lr, address = learner(run, *flags, "--wire", wire)
+    first, second = (actor(run, address, "--wire", wire) for _ in range(2))
     wait_for_frames(run, 20_000, lr)
     first.send_signal(signal.SIGKILL)
     first.wait()
-    replacement = actor(run, address)  # takes the freed slot
+    replacement = actor(run, address, "--wire", wire)  # takes the freed slot
     code, _, err = finish(lr)
     assert code == 0, err[-2000:]
     summary = json.loads((run / "summary.json").read_text())

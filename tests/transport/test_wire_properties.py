@@ -4,6 +4,7 @@ a reason, and never crash the learner (the decoder, the inference server, a real
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import grpc
@@ -26,6 +27,7 @@ from seedbed.transport.inprocess import InProcessServer
 from seedbed.transport.proto import actor_pb2 as pb
 from seedbed.transport.remote import PROTOCOL, GrpcActorClient, Placement, Refused
 from seedbed.transport.remote.client import redirect_target
+from seedbed.transport.remote.framing import HEADER, FrameProtocol, TooLarge, framed
 from seedbed.transport.remote.wire import Assignment, Malformed, decode_step, parse
 from seedbed.types import EnvSpec
 from tests.transport import test_remote
@@ -235,3 +237,72 @@ def test_any_redirect_address_is_followed_as_checked_or_refused_in_one_line(sent
     check_address(target, "redirect")  # what the actor then dials is an address of its kind
     assert target.startswith("unix:") == dialed.startswith("unix:")
     assert not target.startswith(("0.0.0.0:", "[::]:"))  # a wildcard is the host dialed
+
+
+class _Transport:
+    """What ``FrameProtocol`` asks of asyncio's transport: reading paused or not."""
+
+    paused = False
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def pause_reading(self) -> None:
+        assert not self.paused
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        assert self.paused
+        self.paused = False
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.binary(max_size=300), max_size=8),
+    st.lists(st.integers(1, 200), min_size=1, max_size=40),
+)
+def test_the_socket_wire_reads_frames_whole_and_in_order_however_bytes_arrive(frames, cuts):
+    """Any frames, in any chunks the socket delivers them: the same frames come out, and
+    reading stops while unread frames wait and resumes once they are read."""
+    stream = b"".join(framed(f) for f in frames)
+    protocol = FrameProtocol(lambda p: None, lambda p: None)
+    transport = _Transport()
+    protocol.connection_made(transport)
+    protocol.set_limit(300)
+    got: list[bytes] = []
+
+    async def drain() -> None:
+        while protocol._frames:
+            got.append(await protocol.read())
+
+    offset, i = 0, 0
+    while offset < len(stream):
+        if transport.paused:
+            asyncio.run(drain())
+            assert not transport.paused
+            continue
+        buffer = protocol.get_buffer(-1)
+        n = min(cuts[i % len(cuts)], len(buffer), len(stream) - offset)
+        buffer[:n] = stream[offset : offset + n]
+        protocol.buffer_updated(n)
+        offset, i = offset + n, i + 1
+    asyncio.run(drain())
+    assert got == frames
+
+
+@given(st.integers(301, 2**32 - 1))
+def test_the_socket_wire_refuses_a_frame_over_the_limit_before_reading_it(size):
+    protocol = FrameProtocol(lambda p: None, lambda p: None)
+    transport = _Transport()
+    protocol.connection_made(transport)
+    protocol.set_limit(300)
+    buffer = protocol.get_buffer(-1)
+    buffer[: HEADER.size] = HEADER.pack(size)
+    protocol.buffer_updated(HEADER.size)
+    assert transport.paused  # nothing more is read
+
+    async def read() -> bytes:
+        return await protocol.read()
+
+    with pytest.raises(TooLarge, match=f"message of {size} bytes"):
+        asyncio.run(read())

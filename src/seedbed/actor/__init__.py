@@ -135,8 +135,10 @@ def run_remote_actor(
     token: bytes | None = None,
     tls_ca: bytes | None = None,
     reconnect_for_s: float = 60.0,
+    wire: str = "grpc",
 ) -> str:
     """Act for the learner at ``address`` until it says training is over; return its reason.
+    ``wire``: the learner's ``--wire``.
 
     A lost connection is retried with exponential backoff (0.5 s doubling to 10 s, jittered).
     Each new stream is a new run id: the learner resets the actor's environments, and the actor
@@ -145,12 +147,12 @@ def run_remote_actor(
     SeedbedError when the learner refuses the actor (token, version, a bad redirect) or stays
     unreachable for ``reconnect_for_s`` seconds.
     """
-    from seedbed.transport.remote import GrpcActorClient, LearnerStopped
+    from seedbed.transport.remote import LearnerStopped, open_client
 
     delay, failing_since = 0.5, None
     while True:
         try:
-            client = GrpcActorClient(address, token, tls_ca)
+            client = open_client(address, wire, token=token, tls_ca=tls_ca)
         except ConnectionError as e:
             failing_since = failing_since or time.monotonic()
             if time.monotonic() - failing_since > reconnect_for_s:

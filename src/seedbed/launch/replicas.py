@@ -146,9 +146,10 @@ class ReplicaHost:
     def _made(self, run: Any) -> None:
         self.run = run
 
-    def front_door(self, timeout_s: float = 120.0) -> tuple[str, str] | None:
-        """Replica 0, with ``listen``: where overflow actors connect and the run's token (in
-        its run directory, on this node), once its gateway listens; None if it ended before."""
+    def front_door(self, timeout_s: float = 120.0) -> tuple[str, str, str] | None:
+        """Replica 0, with ``listen``: where overflow actors connect, the run's token (in its
+        run directory, on this node) and its ``--wire``, once its gateway listens; None if it
+        ended before."""
         from seedbed.transport.remote.wire import TOKEN_FILE
 
         deadline = time.monotonic() + timeout_s
@@ -157,7 +158,7 @@ class ReplicaHost:
                 return None
             time.sleep(0.05)
         token = (self.run.run_dir / TOKEN_FILE).read_text().strip()
-        return self.run.gateway.address, token
+        return self.run.gateway.address, token, self.run.gateway.wire
 
     def status(self) -> dict[str, Any]:
         run = self.run
@@ -291,8 +292,7 @@ def _act_at_front_door(primary: Any, actors: list[Any]) -> list[Any]:
     door = ray.get(primary.front_door.remote()) if actors else None
     if door is None:
         return []
-    address, token = door
-    return [actor.act.remote(address, token) for actor in actors]
+    return [actor.act.remote(*door) for actor in actors]
 
 
 def _replicas_record(

@@ -66,6 +66,10 @@ class LearnerHost:
             time.sleep(0.05)
         return self.run.gateway.address
 
+    def wire(self) -> str:
+        """How its actors' messages travel (``--wire``), once it listens."""
+        return self.run.gateway.wire
+
     def status(self) -> dict[str, Any]:
         gateway = self.run.gateway
         return {
@@ -90,11 +94,11 @@ class ActorHost:
     def pid(self) -> int:
         return os.getpid()
 
-    def act(self, address: str, token: str) -> str:
+    def act(self, address: str, token: str, wire: str = "grpc") -> str:
         from seedbed.actor import run_remote_actor
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        return run_remote_actor(address, token.encode())
+        return run_remote_actor(address, token.encode(), wire=wire)
 
 
 def launch_learner(
@@ -135,7 +139,8 @@ def launch_learner(
         console.print(f"learner listening on {address}; starting {many(n, 'actor')}")
         actors = [start_actor(placement.actor_cpus) for _ in range(n)]
         started = [actor.pid.remote() for actor in actors]  # each answers once Ray placed it
-        acting = [actor.act.remote(address, token) for actor in actors]
+        wire = ray.get(learner.wire.remote())
+        acting = [actor.act.remote(address, token, wire) for actor in actors]
         _follow(learner, result, started, placement.actors, console)
         summary = ray_get(result)
         ray.wait(acting, num_returns=len(acting), timeout=30.0)  # actors hear training is over

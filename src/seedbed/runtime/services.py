@@ -320,6 +320,7 @@ class Services:
                 tls=tls,
                 board=board,
                 on_failure=self._gateway_died,
+                wire=cfg.wire,
             )
         else:
             gateway = ActorGateway(
@@ -331,6 +332,7 @@ class Services:
                 tls=tls,
                 board=board,
                 on_failure=functools.partial(self._died, "actor-gateway"),
+                wire=cfg.wire,
             )
         if self.replica.num_replicas > 1:
             try:  # before the gateway serves, so that replica 0 places its very first actor
@@ -350,5 +352,6 @@ class Services:
             f"[bold]remote actors:[/] seedbed actor --connect {gateway.address}"
             + f" --token-file {token_file}"
             + (" --tls-ca CERT" if cfg.tls_cert else "")
+            + (f" --wire {cfg.wire}" if cfg.wire != "grpc" else "")
         )
         return gateway

@@ -88,10 +88,12 @@ class Policy(_message.Message):
     def __init__(self, version: _Optional[int] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class Stop(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "status")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    status: int
+    def __init__(self, reason: _Optional[str] = ..., status: _Optional[int] = ...) -> None: ...
 
 class Redirect(_message.Message):
     __slots__ = ("address",)

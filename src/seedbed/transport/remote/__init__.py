@@ -1,4 +1,5 @@
-"""gRPC transport: actors on other machines, one bidirectional stream each, as in SEED RL.
+"""Remote actors: actors on other machines, one bidirectional stream each, as in SEED RL, over
+gRPC or over the socket wire (``framing``: the same messages on a plain socket, ``--wire socket``).
 
 ``wire`` is what crosses the network (``../proto/actor.proto``, arrays as raw bytes with dtype
 and shape, the ``Assignment``) and the secrets that guard it; ``gateway`` the learner's listener,
@@ -17,7 +18,7 @@ front door gives a new actor. The learner's side::
 
 A remote actor's side::
 
-    client = GrpcActorClient(address, token, tls_ca)   # hello; client.assignment says what to run
+    client = open_client(address, wire, token=token, tls_ca=tls_ca)  # hello; .assignment
     actions = client.call(obs, reward, done, truncated)  # per step, as over any ActorTransport
     client.close()
 """
@@ -29,7 +30,9 @@ from seedbed.transport.remote.client import (
     GrpcActorClient,
     LearnerStopped,
     Refused,
+    SocketActorClient,
     StreamBoard,
+    open_client,
 )
 from seedbed.transport.remote.gateway import HELLO_TIMEOUT_S, MAX_PENDING_HELLOS, ActorGateway
 from seedbed.transport.remote.placement import Placement
@@ -55,8 +58,10 @@ __all__ = [
     "LearnerStopped",
     "Placement",
     "Refused",
+    "SocketActorClient",
     "StreamBoard",
     "from_wire",
+    "open_client",
     "read_secret",
     "run_token",
     "to_wire",

@@ -1,4 +1,6 @@
-"""A remote actor's end of its gRPC stream to the learner (``seedbed actor --connect``).
+"""A remote actor's end of its stream to the learner (``seedbed actor --connect``), over gRPC
+(``GrpcActorClient``) or the socket wire (``SocketActorClient``, ``framing``); ``open_client``
+picks by ``--wire``.
 
 The actor says hello, reads its ``Assignment`` (what to run, in which slot) and then sends one
 ``Step`` per step of its environments and reads the answer: the actions, or with local inference
@@ -14,22 +16,27 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import ssl
 import time
 from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from seedbed.errors import ConfigError, SeedbedError
 from seedbed.transport.address import WILDCARD_HOSTS, check_address
 from seedbed.transport.base import ActorTransport
 from seedbed.transport.proto import actor_pb2 as pb
+from seedbed.transport.remote.framing import MAGIC, FrameSocket, tune
 from seedbed.transport.remote.wire import METHOD, PROTOCOL, Assignment, from_wire, to_wire
 
 _READY_POLL_S = 0.02  # how often an actor looks whether its channel has connected
 _CLOSE_WAIT_S = 1.0  # how long a closing actor waits for gRPC to finish its calls
 MAX_REDIRECTS = 3  # a front door sends an actor on once; more hops than this are a fault
 _MAX_ADDRESS_CHARS = 1024  # a longer redirect address is not one a learner would send
+_MAX_MESSAGE = 64 * 1024 * 1024 - 1  # the largest a learner sends: a policy (local inference)
+_STATUS = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class LearnerStopped(ConnectionError):
@@ -64,12 +71,21 @@ class StreamBoard:
         pass  # the stream is the client's to close
 
 
-class GrpcActorClient(ActorTransport):
-    """An actor's end of one stream: the ``ActorTransport`` that ``act`` calls.
+def refusal(code: grpc.StatusCode, details: str) -> Exception:
+    """The error for a stream the learner ended with ``code``: ``Refused`` where retrying
+    cannot help (token, version, a message it rejected), else ConnectionError."""
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION):
+        return Refused(f"the learner refused this actor: {details}")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return Refused(f"the learner rejected a message: {details}")
+    return ConnectionError(f"lost the learner ({code.name}: {details})")
 
-    It drives gRPC's asyncio API from a private event loop in the calling thread, so a step's
-    round trip needs no helper threads on the actor's side (the threaded API passes each
-    message through two). With local inference, ``board`` holds the policies the learner sent.
+
+class _StreamClient(ActorTransport):
+    """An actor's end of one stream: the ``ActorTransport`` that ``act`` calls. What both
+    wires share: the hello and its redirects, steps, answers and policies; a wire's subclass
+    opens, writes, reads and ends the stream. With local inference, ``board`` holds the
+    policies the learner sent.
     """
 
     def __init__(
@@ -83,8 +99,6 @@ class GrpcActorClient(ActorTransport):
         """``timeout_s``: how long to wait for the connection (a refused one fails at once).
         ``address`` is where the actor dials; ``self.address`` where it ended up (another
         replica's gateway, when the front door redirected it)."""
-        self._loop = asyncio.new_event_loop()
-        self._channel: Any = None
         self.address = address
         try:
             first = self._hello(address, token, tls_ca, name, timeout_s)
@@ -97,7 +111,7 @@ class GrpcActorClient(ActorTransport):
         self.assignment = Assignment.from_message(first.assignment)
         self.board = StreamBoard()
         if self.assignment.local is not None:
-            self._take(self._run(self._read()), want="policy")  # before the first step
+            self._take(self._receive(), want="policy")  # before the first step
 
     def _hello(
         self,
@@ -115,7 +129,7 @@ class GrpcActorClient(ActorTransport):
         """
         visited = [address]
         while True:
-            first = self._run(self._open(address, token, tls_ca, name, timeout_s))
+            first = self._open(address, token, tls_ca, name, timeout_s)
             if first.WhichOneof("kind") != "redirect":
                 self.address = address
                 return first
@@ -128,22 +142,118 @@ class GrpcActorClient(ActorTransport):
                     "names the learner's listen_address"
                 )
             visited.append(target)
-            self._loop.run_until_complete(self._channel.close())  # this stream has ended
-            self._channel, address = None, target
+            self._end_stream()  # this stream has ended
+            address = target
+
+    def submit(
+        self,
+        obs: np.ndarray,
+        reward: np.ndarray,
+        done: np.ndarray,
+        truncated: np.ndarray,
+        acted: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        """Send one step (with local inference, with what the actor ``acted``)."""
+        step = pb.Step(
+            obs=to_wire(obs),
+            reward=to_wire(np.asarray(reward, np.float32)),
+            done=to_wire(np.asarray(done, np.bool_)),
+            truncated=to_wire(np.asarray(truncated, np.bool_)),
+        )
+        for name, value in (acted or {}).items():
+            step.acted[name].CopyFrom(to_wire(value))
+        self._send(pb.ActorMessage(step=step))
+
+    def collect(self) -> np.ndarray:
+        """The answer to the last step: its actions (taking any newer policy sent first)."""
+        while True:
+            reply = self._receive()
+            if self._take(reply, want="actions"):
+                break
+        job = self.assignment
+        shape, dtype = (job.num_envs, *job.action_shape), np.dtype(job.action_dtype)
+        try:
+            return from_wire(reply.actions, "actions", dtype, shape).copy()
+        except ValueError as e:
+            raise ConnectionError(f"the learner sent malformed actions: {e}") from None
+
+    def _take(self, reply: pb.LearnerMessage, want: str) -> bool:
+        """Keep a policy; True when ``reply`` is what is ``want``ed. Raises on a stop."""
+        kind = reply.WhichOneof("kind")
+        if kind == "stop":
+            raise LearnerStopped(reply.stop.reason)
+        if kind == "policy" and self.assignment.local is not None:
+            self.board.keep(reply.policy.payload, reply.policy.version)
+            return want == "policy"
+        if kind != want:
+            raise ConnectionError(f"the learner sent {kind} where {want} was due")
+        return True
+
+    # --- what a wire provides ----------------------------------------------------------------
+
+    def _open(
+        self,
+        address: str,
+        token: bytes | None,
+        tls_ca: bytes | None,
+        name: str | None,
+        timeout_s: float,
+    ) -> pb.LearnerMessage:
+        """Connect to ``address``, present the token, say hello; the learner's answer."""
+        raise NotImplementedError
+
+    def _send(self, message: pb.ActorMessage) -> None:
+        raise NotImplementedError
+
+    def _receive(self) -> pb.LearnerMessage:
+        raise NotImplementedError
+
+    def _end_stream(self) -> None:
+        """End this stream (after a redirect), leaving the client ready to open another."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class GrpcActorClient(_StreamClient):
+    """An actor's stream over gRPC. It drives gRPC's asyncio API from a private event loop in
+    the calling thread, so a step's round trip needs no helper threads on the actor's side (the
+    threaded API passes each message through two)."""
+
+    def __init__(
+        self,
+        address: str,
+        token: bytes | None = None,
+        tls_ca: bytes | None = None,
+        name: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._channel: Any = None
+        super().__init__(address, token, tls_ca, name, timeout_s)
 
     def _run(self, coroutine: Any) -> Any:
         """Run ``coroutine`` to completion, translating gRPC's errors into ours."""
         try:
             return self._loop.run_until_complete(coroutine)
         except grpc.aio.AioRpcError as e:
-            code, details = e.code(), e.details()
-            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION):
-                raise Refused(f"the learner refused this actor: {details}") from None
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
-                raise Refused(f"the learner rejected a message: {details}") from None
-            raise ConnectionError(f"lost the learner ({code.name}: {details})") from None
+            raise refusal(e.code(), e.details()) from None
 
-    async def _open(
+    def _open(self, *args: Any) -> pb.LearnerMessage:
+        return self._run(self._open_stream(*args))
+
+    def _send(self, message: pb.ActorMessage) -> None:
+        self._run(self._write(message))
+
+    def _receive(self) -> pb.LearnerMessage:
+        return self._run(self._read())
+
+    def _end_stream(self) -> None:
+        self._loop.run_until_complete(self._channel.close())
+        self._channel = None
+
+    async def _open_stream(
         self,
         address: str,
         token: bytes | None,
@@ -200,50 +310,6 @@ class GrpcActorClient(ActorTransport):
             raise ConnectionError("the learner closed the stream")
         raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
-    def submit(
-        self,
-        obs: np.ndarray,
-        reward: np.ndarray,
-        done: np.ndarray,
-        truncated: np.ndarray,
-        acted: dict[str, np.ndarray] | None = None,
-    ) -> None:
-        """Send one step (with local inference, with what the actor ``acted``)."""
-        step = pb.Step(
-            obs=to_wire(obs),
-            reward=to_wire(np.asarray(reward, np.float32)),
-            done=to_wire(np.asarray(done, np.bool_)),
-            truncated=to_wire(np.asarray(truncated, np.bool_)),
-        )
-        for name, value in (acted or {}).items():
-            step.acted[name].CopyFrom(to_wire(value))
-        self._run(self._write(pb.ActorMessage(step=step)))
-
-    def collect(self) -> np.ndarray:
-        """The answer to the last step: its actions (taking any newer policy sent first)."""
-        while True:
-            reply = self._run(self._read())
-            if self._take(reply, want="actions"):
-                break
-        job = self.assignment
-        shape, dtype = (job.num_envs, *job.action_shape), np.dtype(job.action_dtype)
-        try:
-            return from_wire(reply.actions, "actions", dtype, shape).copy()
-        except ValueError as e:
-            raise ConnectionError(f"the learner sent malformed actions: {e}") from None
-
-    def _take(self, reply: pb.LearnerMessage, want: str) -> bool:
-        """Keep a policy; True when ``reply`` is what is ``want``ed. Raises on a stop."""
-        kind = reply.WhichOneof("kind")
-        if kind == "stop":
-            raise LearnerStopped(reply.stop.reason)
-        if kind == "policy" and self.assignment.local is not None:
-            self.board.keep(reply.policy.payload, reply.policy.version)
-            return want == "policy"
-        if kind != want:
-            raise ConnectionError(f"the learner sent {kind} where {want} was due")
-        return True
-
     def close(self) -> None:
         if self._loop.is_closed():
             return
@@ -260,6 +326,107 @@ class GrpcActorClient(ActorTransport):
             if late:
                 self._loop.run_until_complete(asyncio.wait(late))
         self._loop.close()
+
+
+class SocketActorClient(_StreamClient):
+    """An actor's stream over the socket wire (``framing``): the same messages, on one blocking
+    TCP or Unix socket, optionally in TLS."""
+
+    def __init__(
+        self,
+        address: str,
+        token: bytes | None = None,
+        tls_ca: bytes | None = None,
+        name: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._frames: FrameSocket | None = None
+        super().__init__(address, token, tls_ca, name, timeout_s)
+
+    def _open(
+        self,
+        address: str,
+        token: bytes | None,
+        tls_ca: bytes | None,
+        name: str | None,
+        timeout_s: float,
+    ) -> pb.LearnerMessage:
+        host = address.rpartition(":")[0].strip("[]")
+        try:
+            if address.startswith("unix:"):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(timeout_s)
+                sock.connect(address[len("unix:") :])
+            else:
+                sock = socket.create_connection((host, int(address.rpartition(":")[2])), timeout_s)
+            tune(sock)
+            if tls_ca is not None:
+                context = ssl.create_default_context(cadata=tls_ca.decode())
+                sock = context.wrap_socket(sock, server_hostname=host)
+        except ssl.SSLError as e:
+            raise Refused(f"TLS with the learner at {address} failed: {e.reason}") from None
+        except OSError as e:
+            raise ConnectionError(f"cannot reach a learner at {address} ({e})") from None
+        sock.settimeout(None)  # a step waits as long as the learner takes; keepalive sees a loss
+        self._frames = FrameSocket(sock, _MAX_MESSAGE)
+        hello = pb.Hello(protocol=PROTOCOL, actor_name=name or _default_name())
+        try:
+            self._frames.send(MAGIC + (token or b"").strip())
+            self._send(pb.ActorMessage(hello=hello))
+            return self._receive()
+        except _Closed as e:
+            raise ConnectionError(
+                f"{e} before answering hello: does the learner at {address} listen with "
+                "--wire socket?"
+            ) from None
+
+    def _send(self, message: pb.ActorMessage) -> None:
+        try:
+            self._frames.send(message.SerializeToString())
+        except OSError:
+            # The learner ended the stream first: its Stop, if it sent one, says why.
+            self._receive()
+            raise _Closed("the learner closed the connection") from None
+
+    def _receive(self) -> pb.LearnerMessage:
+        try:
+            data = self._frames.receive()
+        except ValueError as e:
+            raise Refused(
+                f"the learner at {self.address} does not speak the socket wire ({e}): give the "
+                "actor the learner's --wire"
+            ) from None
+        except OSError as e:  # ConnectionError included
+            raise _Closed(f"lost the learner ({e})") from None
+        try:
+            message = pb.LearnerMessage.FromString(data)
+        except DecodeError:
+            raise ConnectionError("the learner sent a malformed message") from None
+        if message.WhichOneof("kind") == "stop" and message.stop.status:
+            code = _STATUS.get(message.stop.status, grpc.StatusCode.UNKNOWN)
+            raise refusal(code, message.stop.reason)
+        return message
+
+    def _end_stream(self) -> None:
+        self._frames.close()
+        self._frames = None
+
+    def close(self) -> None:
+        if self._frames is not None:
+            self._end_stream()
+
+
+class _Closed(ConnectionError):
+    """The socket wire's connection ended without a word from the learner."""
+
+
+WIRES = {"grpc": GrpcActorClient, "socket": SocketActorClient}
+
+
+def open_client(address: str, wire: str = "grpc", **options: Any) -> _StreamClient:
+    """A connected client of ``wire`` (``grpc`` or ``socket``) for the learner at ``address``;
+    ``options`` as ``GrpcActorClient`` takes them."""
+    return WIRES[wire](address, **options)
 
 
 def redirect_target(dialed: str, address: str) -> str:

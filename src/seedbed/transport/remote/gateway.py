@@ -35,10 +35,14 @@ subclass takes each slot from the learner (``_take_slot``, ``_release``), and th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hmac
 import logging
 import math
+import os
+import ssl
+import tempfile
 import threading
 import time
 from collections import deque
@@ -53,6 +57,7 @@ from seedbed.transport.base import Endpoint
 from seedbed.transport.board import BoardHandle
 from seedbed.transport.checks import REFUSED_IN_A_ROW, check_step
 from seedbed.transport.proto import actor_pb2 as pb
+from seedbed.transport.remote.framing import FrameProtocol, TooLarge, token_of
 from seedbed.transport.remote.placement import Placement
 from seedbed.transport.remote.wire import (
     PROTOCOL,
@@ -170,6 +175,7 @@ class ActorGateway:
         max_connections: int | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
         share_port: bool = False,
+        wire: str = "grpc",
     ) -> None:
         """``token``: what actors must send (never empty). ``board``: with local inference, the
         ``BoardHandle`` of the policy actors act with. ``hello_timeout_s``: how long a new
@@ -178,7 +184,8 @@ class ActorGateway:
         ``connection_cap``). ``on_failure(error)`` is called, from the gateway's thread, if an
         error ends its event loop: no actor is served after that, so the run must stop.
         ``share_port``: bind with SO_REUSEPORT, so that gateway processes of this learner
-        share one port (``gateway_process``)."""
+        share one port (``gateway_process``). ``wire``: ``grpc``, or ``socket``: the same
+        messages on a plain socket (``framing``)."""
         if not token or not token.strip():
             raise ValueError("ActorGateway needs a token: give one, e.g. wire.run_token(run_dir)'s")
         self._board = board.open() if board is not None else None
@@ -212,6 +219,11 @@ class ActorGateway:
         self.placement: Placement | None = None  # the front door's (serve_as_front_door)
         self._on_failure = on_failure
         self._share_port = share_port
+        if wire not in WIRES:
+            raise ValueError(f"wire {wire!r}: one of {', '.join(WIRES)}")
+        self.wire = wire
+        self._streams: set[FrameProtocol] = set()  # the socket wire's open connections
+        self._tasks: set[asyncio.Task] = set()  # and their handlers
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="actor-gateway", daemon=True)
         self._thread.start()
@@ -250,6 +262,8 @@ class ActorGateway:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
 
     async def _create(self, address: str, tls: tuple[bytes, bytes] | None, slots: int) -> int:
+        if self.wire == "socket":
+            return await self._create_socket_server(address, tls)
         self._server = grpc.aio.server(
             handlers=[
                 grpc.method_handlers_generic_handler(
@@ -295,6 +309,94 @@ class ActorGateway:
             return self._server.add_secure_port(address, credentials)
         return self._server.add_insecure_port(address)
 
+    async def _create_socket_server(self, address: str, tls: tuple[bytes, bytes] | None) -> int:
+        """The socket wire's listener; its port (0: it could not listen there)."""
+        context = _server_tls(tls) if tls is not None else None
+        options: dict[str, Any] = {"ssl": context, "start_serving": False}
+        if context is not None:
+            # A connection that has not finished its TLS handshake by then is dropped.
+            options["ssl_handshake_timeout"] = self._hello_timeout_s
+
+        def protocol() -> FrameProtocol:
+            return FrameProtocol(self._socket_opened, self._socket_closed)
+
+        try:
+            if address.startswith("unix:"):
+                self._server = await self._loop.create_unix_server(
+                    protocol, address[len("unix:") :], **options
+                )
+                return 0
+            host, port = address.rsplit(":", 1)
+            self._server = await self._loop.create_server(
+                protocol, host.strip("[]"), int(port), reuse_port=self._share_port, **options
+            )
+        except OSError as error:
+            if address.startswith("unix:"):
+                raise SeedbedError(f"--listen {address}: cannot listen there ({error})") from None
+            return 0  # the caller says so, as for gRPC
+        return self._server.sockets[0].getsockname()[1]
+
+    def _socket_opened(self, stream: FrameProtocol) -> None:
+        """A new connection on the socket wire: served, or past the cap closed at once (as
+        gRPC's own cap does)."""
+        if len(self._streams) >= self.max_connections or self._stopping.is_set():
+            stream.abort()
+            return
+        self._streams.add(stream)
+        task = self._loop.create_task(self._serve_socket(stream))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _socket_closed(self, stream: FrameProtocol) -> None:
+        self._streams.discard(stream)
+
+    async def _serve_socket(self, stream: FrameProtocol) -> None:
+        """One connection of the socket wire: its preamble (the token), then ``_serve``."""
+        context = _SocketContext(stream)
+        try:
+            try:
+                first = await stream.read(self._hello_timeout_s)
+            except asyncio.TimeoutError:
+                raise _Rejected(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"no token within {self._hello_timeout_s:g} s",
+                ) from None
+            except TooLarge:
+                first = b""
+            context.token = token_of(first)
+            if context.token is None:
+                raise _Rejected(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "not a seedbed actor on the socket wire: start the actor with --wire socket",
+                )
+            stream.set_limit(self._max_bytes)
+            async for reply in self._serve(_messages(stream, self._max_bytes), context):
+                stream.write(serialize(reply))
+        except _Rejected as refusal:
+            self._refused(context.peer(), refusal)
+            context.stop(refusal.code, str(refusal))
+        except (_Aborted, ConnectionError):
+            pass  # refused inside _serve (counted there), or the actor is gone
+        finally:
+            stream.close()
+
+    async def _stop_socket_server(self, grace_s: float) -> None:
+        """Take no new connections; give the streams ``grace_s`` to end (an actor's next step
+        finds the learner's transport closed and is told training is over), then tell the
+        rest so and close them."""
+        self._server.close()
+        if self._tasks:
+            _, late = await asyncio.wait(set(self._tasks), timeout=grace_s)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=1.0)
+        for stream in list(self._streams):
+            _SocketContext(stream).stop(grpc.StatusCode.OK, "training is over")
+            stream.close()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._server.wait_closed(), 1.0)
+
     @staticmethod
     def _step_bytes(assignment: Assignment) -> int:
         obs = math.prod(assignment.obs_shape) * np.dtype(assignment.obs_dtype).itemsize
@@ -302,8 +404,14 @@ class ActorGateway:
         return assignment.num_envs * (obs + 4 + 1 + 1 + acted)
 
     def start(self) -> None:
-        self._on_loop(self._server.start())
+        self._on_loop(self._start_serving())
         log.info("listening for actors on %s", self.address)
+
+    async def _start_serving(self) -> None:
+        if self.wire == "grpc":
+            await self._server.start()
+        else:
+            await self._server.start_serving()
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Refuse new actors and end every stream (their actors are told training is over)."""
@@ -311,7 +419,12 @@ class ActorGateway:
             return
         self._stopping.set()
         if self._thread.is_alive():  # a loop an error ended runs nothing more
-            self._on_loop(self._server.stop(grace_s), timeout_s=grace_s + 10.0)
+            stopping = (
+                self._server.stop(grace_s)
+                if self.wire == "grpc"
+                else self._stop_socket_server(grace_s)
+            )
+            self._on_loop(stopping, timeout_s=grace_s + 10.0)
         self._close_loop()
         for code, count in self._unwarned.items():
             log.warning(
@@ -587,3 +700,67 @@ def _host(peer: str) -> str:
 
 def _with_port(address: str, port: int) -> str:
     return f"{address.rsplit(':', 1)[0]}:{port}"
+
+
+WIRES = ("grpc", "socket")
+
+
+class _Aborted(Exception):
+    """A socket-wire stream ended by ``_SocketContext.abort`` (its refusal sent)."""
+
+
+class _SocketContext:
+    """What ``ActorGateway._serve`` asks of gRPC's servicer context, for a socket-wire stream:
+    the peer, the token (as gRPC's metadata), and an abort that sends the refusal."""
+
+    def __init__(self, stream: FrameProtocol) -> None:
+        self._stream = stream
+        self.token: bytes | None = None
+
+    def peer(self) -> str:
+        return self._stream.peer()
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        if self.token is None:
+            return ()
+        return (("authorization", "Bearer " + self.token.decode("utf-8", "replace")),)
+
+    def stop(self, code: grpc.StatusCode, reason: str) -> None:
+        """Send the actor a ``Stop`` carrying ``code``: why its stream ends."""
+        stop = pb.Stop(reason=reason, status=code.value[0])
+        self._stream.write(pb.LearnerMessage(stop=stop).SerializeToString())
+
+    async def abort(self, code: grpc.StatusCode, reason: str) -> None:
+        self.stop(code, reason)
+        raise _Aborted(reason)
+
+
+async def _messages(stream: FrameProtocol, limit: int) -> AsyncIterator[Any]:
+    """A socket-wire stream's messages as gRPC's deserializer gives them (``wire.parse``); the
+    iteration ends when the actor closes the connection."""
+    while True:
+        try:
+            frame = await stream.read()
+        except ConnectionError:
+            return
+        except TooLarge as error:
+            yield Malformed(str(error))
+            return
+        yield parse(frame, limit)
+
+
+def _server_tls(tls: tuple[bytes, bytes]) -> ssl.SSLContext:
+    """A TLS server context from PEM bytes (certificate, key). ``ssl`` loads them only from
+    files: they pass through a private temporary directory, removed at once."""
+    cert, key = tls
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with tempfile.TemporaryDirectory(prefix="seedbed-tls-") as folder:
+        paths = []
+        for name, data in (("cert.pem", cert), ("key.pem", key)):
+            path = os.path.join(folder, name)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            paths.append(path)
+        context.load_cert_chain(*paths)
+    return context

@@ -99,6 +99,7 @@ class _Setup:
     idle_timeout_s: float
     max_connections: int | None
     log_level: int
+    wire: str
 
 
 class GatewayProcesses:
@@ -126,6 +127,7 @@ class GatewayProcesses:
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         max_connections: int | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
+        wire: str = "grpc",
     ) -> None:
         if not token or not token.strip():
             raise ValueError("GatewayProcesses needs a token: give one, e.g. wire.run_token's")
@@ -134,6 +136,7 @@ class GatewayProcesses:
                 f"--listen {address}: gateway processes share a TCP port; a Unix socket "
                 "cannot be shared: use HOST:PORT, or --gateways 1"
             )
+        self.wire = wire
         if not slots:
             raise ValueError("GatewayProcesses needs at least one slot")
         _check_port_free(address)
@@ -147,6 +150,7 @@ class GatewayProcesses:
         self._stopping = threading.Event()
         self._synced = threading.Condition()
         self._pongs: dict[int, int] = {}
+        self._serving = 0  # processes that said they serve
         ctx = multiprocessing.get_context("spawn")  # imports grpc, not torch; forks nothing
         self._counts_raw = ctx.RawArray("q", 3 * count)
         self._counts = np.frombuffer(self._counts_raw, np.int64).reshape(count, 3)
@@ -170,6 +174,7 @@ class GatewayProcesses:
                 idle_timeout_s,
                 max_connections,
                 level,
+                wire,
             )
             for i in range(count)
         ]
@@ -245,8 +250,18 @@ class GatewayProcesses:
         return int(self._counts[:, _DISCONNECTED].sum())
 
     def start(self) -> None:
+        """Start serving; return once every process listens."""
         for i in range(len(self._procs)):
             self._send(i, ("start",))
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        with self._synced:
+            while self._serving < self.count and self.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SeedbedError(
+                        f"gateway processes did not start serving in {_START_TIMEOUT_S:g} s"
+                    )
+                self._synced.wait(min(left, 0.1))
         log.info("listening for actors on %s in %d gateway processes", self.address, self.count)
 
     @property
@@ -336,6 +351,10 @@ class GatewayProcesses:
                 logger.handle(record)
         elif kind == "refused":
             self.rejected.append(message[1])
+        elif kind == "serving":
+            with self._synced:
+                self._serving += 1
+                self._synced.notify_all()
         elif kind == "pong":
             with self._synced:
                 self._pongs[i] = message[1]
@@ -485,6 +504,7 @@ class ProcessGateway(ActorGateway):
             max_connections=setup.max_connections,
             on_failure=lambda error: self._send_message(("failed", repr(error))),
             share_port=True,
+            wire=setup.wire,
         )
         self._on_loop(self._watch_control())
 
@@ -514,7 +534,7 @@ class ProcessGateway(ActorGateway):
             elif kind == "front-door":
                 self.max_per_peer = message[1]
             elif kind == "start":
-                self._loop.create_task(self._server.start())
+                self._loop.create_task(self._serve_from_now())
             elif kind == "ping":
                 self._send_message(("pong", message[1]))
             elif kind == "stop":
@@ -522,6 +542,10 @@ class ProcessGateway(ActorGateway):
                 self._learner_left()
         except (EOFError, OSError):  # the learner is gone: stop serving
             self._learner_left()
+
+    async def _serve_from_now(self) -> None:
+        await self._start_serving()
+        self._send_message(("serving",))  # the learner's start returns once all are
 
     def _learner_left(self) -> None:
         self._stopping.set()
