@@ -8,11 +8,12 @@ remote actors: one or two processes (``--sim-processes``) holding N streams, eac
 sending pre-built steps of the assigned shape and waiting for each step's actions, as actors do.
 Nothing steps an environment: the actors' CPU is theirs and is not counted.
 
-For each size (``--sizes``), E (``--envs-per-actor``, by default the size's own list), K
-(``--gateways-list``) and N (``--actors-list``) it prints, as one JSON on stdout (a line per
-point), over a window of ``--seconds`` after ``--warmup-s``:
+For each size (``--sizes``), E (``--envs-per-actor``, by default the size's own list), wire
+(``--wires``: ``grpc``, ``socket``), K (``--gateways-list``) and N (``--actors-list``) it
+prints, as one JSON on stdout (a line per point), over a window of ``--seconds`` after
+``--warmup-s``:
 
-- ``size``, ``envs``, ``actors``, ``gateways``;
+- ``size``, ``envs``, ``actors``, ``gateways``, ``wire``;
 - ``steps_per_s`` (a step is one actor's message: one step of its E envs) and ``frames_per_s``
   (E x steps; frames are env steps here, no frame skip);
 - ``us_per_frame``: the CPU of the learner's host per frame: the learner process and every
@@ -25,7 +26,7 @@ point), over a window of ``--seconds`` after ``--warmup-s``:
   what taking the steps in and answering them costs the host;
 - ``lost``: 0 when nothing was lost (the accounting below), else how many frames were;
 - ``bytes_per_step`` and ``bytes_per_reply``: the protobuf messages with gRPC's 5-byte prefix
-  (HTTP/2 and TCP framing not counted);
+  (HTTP/2 and TCP framing not counted; the socket wire's prefix is 4 bytes);
 - the learner process's own CPU (all its threads) per step and per frame, and the share of it
   its main thread (the learner loop) took; the rest (``ingest_cpu_us_per_step``) is the
   in-process gateway, gRPC and the inference thread (acting and unroll building);
@@ -129,6 +130,7 @@ class Point:
     unroll: int
     batch: int
     gateways: int = 1
+    wire: str = "grpc"
 
 
 # --- the learner (a `seedbed train` process) --------------------------------------------------
@@ -277,7 +279,7 @@ def learner_flags(point: Point, args: Any, tmp: Path) -> list[str]:
         *("--env", point.size.env, "--agent", "vtrace", "--hidden-sizes", args.hidden_sizes),
         "--shared-torso",
         *("--actors", "0", "--listen", "127.0.0.1:0", "--remote-actors", str(point.actors)),
-        *("--gateways", str(point.gateways)),
+        *("--gateways", str(point.gateways), "--wire", point.wire),
         *("--token-file", str(tmp / "token"), "--envs-per-actor", str(point.envs)),
         *("--unroll", str(point.unroll), "--batch", str(point.batch)),
         *("--threads", "1", "--learner-threads", "1"),
@@ -351,6 +353,7 @@ def run_point(point: Point, args: Any) -> dict:
             address, results = learner.address(), ctx.Queue()
             for part in split(point.actors, args.sim_processes):
                 sim_args = (address, token.encode(), part, point.unroll, shared, results)
+                sim_args += (point.wire,)
                 sims.append(ctx.Process(target=simulate, args=sim_args, daemon=True))
                 sims[-1].start()
             _wait_connected(shared, sims, learner, timeout_s=120.0)
@@ -447,6 +450,7 @@ def row(point: Point, before: Snapshot, after: Snapshot, outs: list[dict], books
         "envs": point.envs,
         "actors": point.actors,
         "gateways": point.gateways,
+        "wire": point.wire,
         "steps_per_s": round(steps / seconds, 1),
         "frames_per_s": round(steps * point.envs / seconds),
         "us_per_frame": round(host_us_per_step / point.envs, 2),
@@ -488,18 +492,20 @@ def machines_per_core(
 
 
 def estimates(points: list[dict]) -> list[dict]:
-    """For each size, E and K, the estimate at its largest N, with what it assumed (CPU of
-    the learner's whole host)."""
+    """For each size, E, K and wire, the estimate at its largest N, with what it assumed (CPU
+    of the learner's whole host)."""
+
+    def key(p: dict) -> tuple:
+        return p["size"], p["envs"], p["gateways"], p["wire"]
+
     out = []
-    for name, envs, gateways in dict.fromkeys(
-        (p["size"], p["envs"], p["gateways"]) for p in points
-    ):
-        same = [
-            p for p in points if (p["size"], p["envs"], p["gateways"]) == (name, envs, gateways)
-        ]
+    for group in dict.fromkeys(key(p) for p in points):
+        name, envs, gateways, wire = group
+        same = [p for p in points if key(p) == group]
         p, size = max(same, key=lambda p: p["actors"]), SIZES[name]
         out.append(
             {
+                "wire": wire,
                 "size": name,
                 "at_actors": p["actors"],
                 "envs_per_actor": envs,
@@ -538,6 +544,7 @@ def main() -> None:
     p.add_argument("--warmup-s", type=float, default=2.0, help="all actors, before the window")
     p.add_argument("--envs-per-actor", default=None, help="E, a list (default: per size)")
     p.add_argument("--gateways-list", default="1,4", help="K: --gateways (1: in the learner)")
+    p.add_argument("--wires", default="grpc", help="--wire: grpc, socket, or both")
     p.add_argument("--batch", type=int, default=None, help="B; must divide E")
     p.add_argument("--unroll", type=int, default=16, help="T")
     p.add_argument("--hidden-sizes", default="1", help="the learner's MLP")
@@ -560,14 +567,16 @@ def main() -> None:
             batch = args.batch or largest_divisor(envs, 32)
             if envs % batch:
                 p.error(f"--batch {batch} must divide E = {envs} (the accounting needs it)")
-            for k in args.gateways_list.split(","):
-                for n in args.actors_list.split(","):
-                    point = Point(name, SIZES[name], int(n), envs, args.unroll, batch, int(k))
-                    plan.append(point)
+            for wire in args.wires.split(","):
+                for k in args.gateways_list.split(","):
+                    for n in args.actors_list.split(","):
+                        plan.append(
+                            Point(name, SIZES[name], int(n), envs, args.unroll, batch, int(k), wire)
+                        )
     points = []
     for point in plan:
         print(
-            f"{point.name}, E={point.envs}, K={point.gateways}, N={point.actors}: "
+            f"{point.name}, {point.wire}, E={point.envs}, K={point.gateways}, N={point.actors}: "
             f"measuring {args.seconds:g} s",
             file=sys.stderr,
         )
@@ -576,7 +585,8 @@ def main() -> None:
     estimated = estimates(points)
     for e in estimated:
         print(
-            f"{e['size']}, E={e['envs_per_actor']}, K={e['gateways']}: one learner-host core "
+            f"{e['size']}, {e['wire']}, E={e['envs_per_actor']}, K={e['gateways']}: one "
+            "learner-host core "
             f"takes {e['steps_per_s_per_learner_core']:,} steps/s "
             f"({e['frames_per_s_per_learner_core']:,} frames/s) at N={e['at_actors']}: "
             f"{e['actor_machines_per_learner_core']} actor machines of {e['envs_per_actor']} envs",
@@ -589,7 +599,8 @@ def main() -> None:
             **{
                 k: v
                 for k, v in vars(args).items()
-                if k not in ("sizes", "actors_list", "gateways_list", "envs_per_actor", "out")
+                if k
+                not in ("sizes", "actors_list", "gateways_list", "wires", "envs_per_actor", "out")
             },
             "sizes": {s: dataclasses.asdict(SIZES[s]) for s in sizes},
             "agent": "vtrace",

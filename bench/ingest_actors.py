@@ -90,16 +90,18 @@ def _finished(phase: int, steps: int, unroll: int) -> bool:
     return phase == ABORT or (phase == FINISH and steps >= 1 and (steps - 1) % unroll == 0)
 
 
-def _connect(address: str, token: bytes, index: int, gate: threading.Semaphore) -> Any:
-    """Stream ``index``'s client, past at most ``CONNECTING`` hellos at once; a refusal to
-    connect (the gateway busy with hellos) is retried for a minute, as ``seedbed actor`` does."""
-    from seedbed.transport.remote import GrpcActorClient
+def _connect(address: str, token: bytes, index: int, gate: threading.Semaphore, wire: str) -> Any:
+    """Stream ``index``'s client on ``wire``, past at most ``CONNECTING`` hellos at once; a
+    refusal to connect (the gateway busy with hellos) is retried for a minute, as ``seedbed
+    actor`` does."""
+    from seedbed.transport.remote import open_client
 
     deadline = time.monotonic() + 60.0
     while True:
         with gate:
             try:
-                return GrpcActorClient(address, token, name=f"ingest-{index}", timeout_s=60.0)
+                name = f"ingest-{index}"
+                return open_client(address, wire, token=token, name=name, timeout_s=60.0)
             except ConnectionError:
                 if time.monotonic() > deadline:
                     raise
@@ -114,13 +116,14 @@ def _act(
     shared: Shared,
     gate: threading.Semaphore,
     out: dict,
+    wire: str,
 ) -> None:
     """One simulated actor: a stream, steps until told to stop, the round trips measured."""
     from seedbed.errors import SeedbedError
 
     out["latencies"], out["alone"] = [], []
     try:
-        client = _connect(address, token, index, gate)
+        client = _connect(address, token, index, gate, wire)
     except (ConnectionError, SeedbedError) as e:
         out["error"] = f"stream {index}: {e}"
         return
@@ -155,7 +158,13 @@ def _step(client: Any, index: int, unroll: int, shared: Shared, out: dict) -> No
 
 
 def simulate(
-    address: str, token: bytes, indices: list[int], unroll: int, shared: Shared, results: Any
+    address: str,
+    token: bytes,
+    indices: list[int],
+    unroll: int,
+    shared: Shared,
+    results: Any,
+    wire: str = "grpc",
 ) -> None:
     """A process of simulated actors, a thread and a stream each; puts what they measured."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the bench stops them through ``shared``
@@ -163,7 +172,7 @@ def simulate(
     gate = threading.Semaphore(CONNECTING)
     threads = [
         threading.Thread(
-            target=_act, args=(address, token, i, unroll, shared, gate, out), daemon=True
+            target=_act, args=(address, token, i, unroll, shared, gate, out, wire), daemon=True
         )
         for i, out in zip(indices, outs, strict=True)
     ]

@@ -385,7 +385,9 @@ class SocketActorClient(_StreamClient):
             self._frames.send(message.SerializeToString())
         except OSError:
             # The learner ended the stream first: its Stop, if it sent one, says why.
-            self._receive()
+            message = self._receive()
+            if message.WhichOneof("kind") == "stop":
+                raise LearnerStopped(message.stop.reason) from None
             raise _Closed("the learner closed the connection") from None
 
     def _receive(self) -> pb.LearnerMessage:
