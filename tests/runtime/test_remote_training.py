@@ -69,28 +69,20 @@ def actor(run_dir: Path, address: str, *flags: str) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize(
-    ("inference", "wire"),
+    "inference",
     [
-        ((), "grpc"),
+        (),
         # The actors act themselves, in int8 (layers wide enough that int8 applies), and get
         # each policy over their stream.
-        (
-            ("--inference", "local", "--actor-precision", "int8", "--hidden-sizes", "256,256"),
-            "grpc",
-        ),
-        # The same messages on a plain socket, policies included.
-        (
-            ("--inference", "local", "--actor-precision", "int8", "--hidden-sizes", "256,256"),
-            "socket",
-        ),
+        ("--inference", "local", "--actor-precision", "int8", "--hidden-sizes", "256,256"),
     ],
-    ids=["central", "local-int8", "local-int8-socket-wire"],
+    ids=["central", "local-int8"],
 )
-def test_two_remote_actors_train_cartpole(tmp_path, no_leaks, inference, wire):
+def test_two_remote_actors_train_cartpole(tmp_path, no_leaks, inference):
     run = tmp_path / "run"
-    flags = ("--target-return", "195", "--total-frames", "2000000", "--wire", wire, *inference)
+    flags = ("--target-return", "195", "--total-frames", "2000000", *inference)
     lr, address = learner(run, *flags)
-    actors = [actor(run, address, "--wire", wire) for _ in range(2)]
+    actors = [actor(run, address) for _ in range(2)]
     code, out, err = finish(lr)
     assert code == 0, err[-2000:]
     summary = json.loads((run / "summary.json").read_text())

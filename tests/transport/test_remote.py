@@ -381,9 +381,10 @@ def test_unix_socket(learner, tmp_path, wire):
     client.close()
 
 
+@each_wire
 @each_gateway
-def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks, gateways):
-    """Local inference over gRPC: steps carry the acted fields into shared memory; the policy
+def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks, gateways, wire):
+    """Local inference over either wire: steps carry the acted fields into shared memory; the policy
     comes with the assignment and again before the answer once the learner posts a newer one."""
     from seedbed.transport.board import SharedMemoryBoard
 
@@ -401,12 +402,12 @@ def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks, g
 
     if gateways > 1:  # the processes read the shared-memory board themselves
         gateway = GatewayProcesses(
-            gateways, "127.0.0.1:0", [0, 1], server, assign, TOKEN, board=board.handle
+            gateways, "127.0.0.1:0", [0, 1], server, assign, TOKEN, board=board.handle, wire=wire
         )
     else:
         connect = functools.partial(server.connect, in_process=True)
         gateway = ActorGateway(
-            "127.0.0.1:0", [0, 1], connect, assign, token=TOKEN, board=board.handle
+            "127.0.0.1:0", [0, 1], connect, assign, token=TOKEN, board=board.handle, wire=wire
         )
     received, stop = [], threading.Event()
 
@@ -422,7 +423,7 @@ def test_local_actors_send_what_they_acted_and_get_each_newer_policy(no_leaks, g
     gateway.start()
     client = None
     try:
-        client = GrpcActorClient(gateway.address, token=TOKEN)
+        client = open_client(gateway.address, wire, token=TOKEN)
         assert client.assignment.local["first_env"] == 0
         assert client.board.read(-1) == (b"policy one", 1) and client.board.read(1) is None
         obs, zeros = np.zeros((ENVS, *OBS), np.float32), np.zeros(ENVS, bool)

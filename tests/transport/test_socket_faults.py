@@ -257,7 +257,7 @@ def test_an_actor_that_keeps_sending_non_finite_steps_is_disconnected(learner, g
 
 
 def test_one_address_holds_streams_on_a_bounded_number_of_connections(learner):
-    lr = socket_learner(learner, hello_timeout_s=3.0)
+    lr = socket_learner(learner, hello_timeout_s=1.0)
     cap = lr.gateway.max_per_peer  # the 2 slots and 16 more
     raws = [Raw(lr.gateway.address).token() for _ in range(cap + 3)]
     try:
