@@ -33,6 +33,8 @@ from pathlib import Path
 from machine import machine
 
 ZOO = "SB3 zoo PPO"
+# CleanRL's ppo_continuous_action.py on dm_control at its default 1 M steps (its PPO docs).
+CLEANRL_DMC = "CleanRL PPO (dm_control/{}-v0), 1M steps"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +53,8 @@ class Task:
 
 
 # Thresholds: Gymnasium's reward_threshold where the env has one, else the reference's score
-# less its standard deviation (Pendulum: -172 - 104), or the reference's score itself (MuJoCo,
-# where the goal is to match it at 1 M steps).
+# less its standard deviation (Pendulum: -172 - 104), or the reference's score itself (MuJoCo
+# and DM Control, where the goal is to match it at 1 M steps).
 TIERS: dict[str, list[Task]] = {
     "classic": [
         Task("CartPole-v1", 475, 500_000, f"{ZOO}, 100k steps", 500.0, tuned_on=True),
@@ -96,15 +98,18 @@ TIERS: dict[str, list[Task]] = {
     ],
     "dmc": [
         Task(
-            "dmc:cartpole-balance",
-            900,
+            f"dmc:{name}",
+            round(score),
             1_000_000,
-            "DM Control's 1,000 ceiling",
-            None,
-            tuned_on=True,
-        ),
-        Task("dmc:cartpole-swingup", 700, 1_000_000, "DM Control's 1,000 ceiling", None),
-        Task("dmc:walker-stand", 700, 1_000_000, "DM Control's 1,000 ceiling", None),
+            CLEANRL_DMC.format(name),
+            score,
+            tuned_on=tuned,
+        )
+        for name, score, tuned in (
+            ("cartpole-balance", 855.47, True),
+            ("cartpole-swingup", 640.86, True),
+            ("walker-stand", 564.46, False),
+        )
     ],
     "atari": [
         Task("atari:Pong", 18, 200_000_000, f"{ZOO}, 10M steps", 21.0, tuned_on=True, minutes=60),
