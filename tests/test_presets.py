@@ -115,7 +115,7 @@ def test_one_order_of_precedence_built_in_preset_config_flags(tmp_path):
     assert lines["batch"] == "16  # preset atari/ppo.yaml"
     assert lines["lr"] == f"0.001  # --config {config_file}"
     assert lines["unroll"] == "8  # flag"
-    assert lines["inference_batch"] == "64  # built-in"
+    assert lines["inference_batch"] == "256  # built-in"
 
 
 @pytest.mark.parametrize(

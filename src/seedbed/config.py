@@ -54,7 +54,9 @@ class TrainConfig:
     envs_per_actor: int = setting(32, "environments each actor steps together")
     unroll: int = setting(16, "steps T per unroll; consecutive unrolls share one step")
     batch: int = setting(32, "unrolls B per learner step")
-    inference_batch: int = setting(64, "most environments per central inference call")
+    # Past the presets' 16-64 envs: what a call costs besides the network (gathering the rows,
+    # the unrolls, the answers) is then shared by more actors, as many remote ones send at once.
+    inference_batch: int = setting(256, "most environments per central inference call")
     inference: Literal["central", "local"] = setting(
         "central",
         "who picks actions: central (SEED: the learner, batched over all actors) or local "
