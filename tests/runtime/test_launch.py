@@ -307,8 +307,13 @@ def test_actors_that_do_not_fit_on_a_replicas_node_connect_over_grpc(tmp_path, u
     assert "target return 195 reached" in out
 
 
+def writes_under(proc: psutil.Process, folder) -> bool:
+    return any(f.path.startswith(str(folder)) for f in proc.open_files())
+
+
 @pytest.mark.distributed
-def test_a_replica_killed_on_ray_is_named_and_the_run_resumes(tmp_path, two_nodes):
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_replica_killed_on_ray_is_named_and_the_run_resumes(tmp_path, two_nodes, killed):
     from seedbed.runtime.checkpoint import list_checkpoints, load_checkpoint
     from tests.runtime.test_faults import assert_one_line_error
 
@@ -324,11 +329,13 @@ def test_a_replica_killed_on_ray_is_named_and_the_run_resumes(tmp_path, two_node
     procs = psutil.process_iter(["cmdline"])
     hosts = [p for p in procs if "ReplicaHost" in " ".join(p.info["cmdline"] or ())]
     assert len(hosts) == 2, [p.info["cmdline"] for p in hosts]
-    hosts[0].kill()
+    primary = [h for h in hosts if writes_under(h, run)]  # replica 0 keeps the CSV log open
+    assert len(primary) == 1, [h.open_files() for h in hosts]
+    (primary[0] if killed == 0 else next(h for h in hosts if h not in primary)).kill()
     code, _, err = finish(proc)
     assert code == 2, err[-3000:]
     line = assert_one_line_error(err, "of 2 on Ray node", "died", "--resume")
-    assert re.search(r"replica [01] of 2", line), line
+    assert f"replica {killed} of 2" in line, line
     frames = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["frames"]
     assert 0 < frames < 8000 and not (run / "summary.json").exists()
     code, _, err = finish(launch_replicas(two_nodes, run, *flags, "--resume"))

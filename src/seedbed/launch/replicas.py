@@ -325,21 +325,27 @@ def _replicas_record(
 
 
 def _follow_replicas(primary: Any, results: list[Any], console: Console) -> None:
-    """Print replica 0's progress every 10 s until every replica has returned; on Ctrl-C, ask
-    replica 0 to stop, which stops them all at the same learner step."""
+    """Print replica 0's progress every 10 s until every replica has returned (progress stops
+    where replica 0 died); on Ctrl-C, ask replica 0 to stop, which stops them all at the same
+    learner step."""
     import ray
 
     pending = list(results)
     try:
         while pending:
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=10.0)
-            if pending:
-                s = ray.get(primary.status.remote())
+            if pending and primary is not None:
+                try:
+                    s = ray.get(primary.status.remote())
+                except ray.exceptions.RayActorError:
+                    primary = None  # its result names the death; the others end on losing it
+                    continue
                 ret = "n/a" if s["mean_return"] is None else f"{s['mean_return']:.1f}"
                 console.print(f"{s['frames']:,} frames, mean return {ret}")
     except KeyboardInterrupt:
         console.print("stopping: replica 0 saves its checkpoint and summary")
-        primary.stop.remote()
+        if primary is not None:
+            primary.stop.remote()
         ray.wait(results, num_returns=len(results))
 
 
