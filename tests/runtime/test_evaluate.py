@@ -17,10 +17,16 @@ from seedbed.runtime.checkpoint import save_checkpoint
 from seedbed.runtime.evaluate import evaluate
 
 
-@pytest.mark.parametrize(("env", "agent"), [("CartPole-v1", "vtrace"), ("Pendulum-v1", "ppo")])
-def test_a_recurrent_policy_evaluates_the_same_on_a_seed(env, agent, tmp_path):
+@pytest.mark.parametrize(
+    ("env", "agent", "more"),
+    [
+        ("CartPole-v1", "vtrace", {}),
+        ("Pendulum-v1", "ppo", {"minibatches": 4}),  # the preset's 32 are single steps
+    ],
+)
+def test_a_recurrent_policy_evaluates_the_same_on_a_seed(env, agent, more, tmp_path):
     torch.manual_seed(0)
-    config = resolve([{"env": env, "agent": agent, "lstm": True, "lstm_size": 8}])
+    config = resolve([{"env": env, "agent": agent, "lstm": True, "lstm_size": 8, **more}])
     spec = make_spec(env, config.env_settings)
     made = make_agent(agent, spec, config.agent, torch.device("cpu"))
     payload = {"agent": made.state_dict(), "config": config.to_dict()}

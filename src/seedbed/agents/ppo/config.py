@@ -107,7 +107,7 @@ class PPOConfig(VTraceConfig):
             where = f" / --learner-replicas = {share}" if share != train.batch else ""
             raise ConfigError(
                 f"--minibatches ({self.minibatches}) must be <= --batch ({train.batch}{where}): "
-                "a minibatch holds whole unrolls"
+                f"a minibatch holds whole unrolls; set --minibatches {share} or fewer"
             )
 
 
