@@ -64,7 +64,7 @@ from seedbed.transport.remote.wire import (
     ActionsReply,
     Assignment,
     Malformed,
-    decode_step,
+    StepDecoder,
     parse,
     serialize,
 )
@@ -588,6 +588,7 @@ class ActorGateway:
         slot = assignment.slot
         log.info("actor %s connected to slot %d", name, slot)
         reply = ActionsReply(assignment)  # the answers' bytes, without a message per step
+        decode = StepDecoder(assignment)
         acted_fields = assignment.acted()
         sent = -1  # the newest policy version this actor was sent
         refused_in_a_row = 0  # steps with a non-finite value (see seedbed.transport.checks)
@@ -600,7 +601,7 @@ class ActorGateway:
             if _kind(message) != "step":
                 raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, "expected a step")
             try:
-                arrays, acted = decode_step(message.step, assignment)
+                arrays, acted = decode(message.step)
             except ValueError as err:
                 raise _Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"bad step: {err}") from None
             _, why = check_step(arrays[0], arrays[1], acted or None)

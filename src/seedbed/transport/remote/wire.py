@@ -68,15 +68,29 @@ def to_wire(array: np.ndarray) -> pb.Array:
 
 def from_wire(message: pb.Array, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     """The array ``message`` holds, if it is exactly ``dtype`` and ``shape``; else ValueError."""
-    if message.dtype != dtype.str or tuple(message.shape) != shape:
-        got = f"{message.dtype or '?'} {tuple(message.shape)}"
-        raise ValueError(f"{name} is {got}, expected {dtype.str} {shape}")
-    data = message.data  # each read of a bytes field copies it out of the message: read once
-    if len(data) != math.prod(shape) * dtype.itemsize:
-        raise ValueError(f"{name} carries {len(data)} bytes for {dtype.str} {shape}")
-    if dtype == np.bool_ and data.translate(None, b"\x00\x01"):
-        raise ValueError(f"{name} holds bytes other than 0 and 1 in a bool array")
-    return np.frombuffer(data, dtype).reshape(shape)
+    return _Field(name, dtype, shape)(message)
+
+
+class _Field:
+    """One array a message must hold, with what checking it needs worked out once."""
+
+    def __init__(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.name, self.dtype, self.shape = name, dtype, shape
+        self.dtype_str, self.nbytes = dtype.str, math.prod(shape) * dtype.itemsize
+        self.bool = dtype == np.bool_
+
+    def __call__(self, message: pb.Array) -> np.ndarray:
+        if message.dtype != self.dtype_str or tuple(message.shape) != self.shape:
+            got = f"{message.dtype or '?'} {tuple(message.shape)}"
+            raise ValueError(f"{self.name} is {got}, expected {self.dtype_str} {self.shape}")
+        data = message.data  # each read of a bytes field copies it out of the message: read once
+        if len(data) != self.nbytes:
+            raise ValueError(
+                f"{self.name} carries {len(data)} bytes for {self.dtype_str} {self.shape}"
+            )
+        if self.bool and data.translate(None, b"\x00\x01"):
+            raise ValueError(f"{self.name} holds bytes other than 0 and 1 in a bool array")
+        return np.frombuffer(data, self.dtype).reshape(self.shape)
 
 
 class ActionsReply:
@@ -111,24 +125,35 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+class StepDecoder:
+    """Decodes one assignment's steps (``decode_step``), with the fields it expects worked out
+    once, as ``ActionsReply`` does for the answers: a gateway decodes every step of a stream."""
+
+    def __init__(self, assignment: Assignment) -> None:
+        e = assignment.num_envs
+        self._arrays = (
+            _Field("obs", np.dtype(assignment.obs_dtype), (e, *assignment.obs_shape)),
+            _Field("reward", np.dtype(np.float32), (e,)),
+            _Field("done", np.dtype(np.bool_), (e,)),
+            _Field("truncated", np.dtype(np.bool_), (e,)),
+        )
+        self._acted = {n: _Field(n, np.dtype(d), (e, *s)) for n, s, d in assignment.acted()}
+
+    def __call__(self, step: pb.Step) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+        """A step's ``[obs, reward, done, truncated]`` and acted fields (none in central mode),
+        if each is exactly what the assignment says; else ValueError saying which is not."""
+        arrays = [field(getattr(step, field.name)) for field in self._arrays]
+        if len(step.acted) != len(self._acted) or any(n not in self._acted for n in step.acted):
+            raise ValueError(f"acted fields {sorted(step.acted)} are not the assigned")
+        return arrays, {n: field(step.acted[n]) for n, field in self._acted.items()}
+
+
 def decode_step(
     step: pb.Step, assignment: Assignment
 ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
     """A step's ``[obs, reward, done, truncated]`` and acted fields (none in central mode), if
     each is exactly what ``assignment`` says; else ValueError saying which is not."""
-    e = assignment.num_envs
-    fields = (
-        ("obs", np.dtype(assignment.obs_dtype), (e, *assignment.obs_shape)),
-        ("reward", np.dtype(np.float32), (e,)),
-        ("done", np.dtype(np.bool_), (e,)),
-        ("truncated", np.dtype(np.bool_), (e,)),
-    )
-    arrays = [from_wire(getattr(step, n), n, d, s) for n, d, s in fields]
-    acted_fields = assignment.acted()
-    if set(step.acted) != {n for n, _, _ in acted_fields}:
-        raise ValueError(f"acted fields {sorted(step.acted)} are not the assigned")
-    acted = {n: from_wire(step.acted[n], n, np.dtype(d), (e, *s)) for n, s, d in acted_fields}
-    return arrays, acted
+    return StepDecoder(assignment)(step)
 
 
 @dataclasses.dataclass(frozen=True)
