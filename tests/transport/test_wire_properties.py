@@ -28,7 +28,7 @@ from seedbed.transport.proto import actor_pb2 as pb
 from seedbed.transport.remote import PROTOCOL, GrpcActorClient, Placement, Refused
 from seedbed.transport.remote.client import redirect_target
 from seedbed.transport.remote.framing import HEADER, FrameProtocol, TooLarge, framed
-from seedbed.transport.remote.wire import Assignment, Malformed, decode_step, parse
+from seedbed.transport.remote.wire import Assignment, Malformed, StepDecoder, parse
 from seedbed.types import EnvSpec
 from tests.transport import test_remote
 from tests.transport.test_remote import TOKEN, _hello, _raw_stream, steps
@@ -85,7 +85,7 @@ def steps_of_any_kind(draw) -> pb.Step:
 @given(steps_of_any_kind())
 def test_any_step_message_decodes_exactly_as_assigned_or_is_refused_with_a_reason(step):
     try:
-        fields, acted = decode_step(step, ASSIGNMENT)
+        fields, acted = StepDecoder(ASSIGNMENT)(step)
     except ValueError as e:
         assert str(e)
         return

@@ -126,7 +126,7 @@ def _varint(n: int) -> bytes:
 
 
 class StepDecoder:
-    """Decodes one assignment's steps (``decode_step``), with the fields it expects worked out
+    """Decodes one assignment's steps, with the fields it expects worked out
     once, as ``ActionsReply`` does for the answers: a gateway decodes every step of a stream."""
 
     def __init__(self, assignment: Assignment) -> None:
@@ -146,14 +146,6 @@ class StepDecoder:
         if len(step.acted) != len(self._acted) or any(n not in self._acted for n in step.acted):
             raise ValueError(f"acted fields {sorted(step.acted)} are not the assigned")
         return arrays, {n: field(step.acted[n]) for n, field in self._acted.items()}
-
-
-def decode_step(
-    step: pb.Step, assignment: Assignment
-) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-    """A step's ``[obs, reward, done, truncated]`` and acted fields (none in central mode), if
-    each is exactly what ``assignment`` says; else ValueError saying which is not."""
-    return StepDecoder(assignment)(step)
 
 
 @dataclasses.dataclass(frozen=True)
