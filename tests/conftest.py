@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -268,3 +270,19 @@ def plugin_on_path(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PLUGIN_DIR), path])))
     yield
     forget_toyplug()
+
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def bench_report(script: str, args: list[str], out: Path, timeout: float = 120) -> dict:
+    """Run ``bench/SCRIPT ARGS --out OUT`` as a user would; its JSON report, once it exited 0."""
+    run = subprocess.run(
+        [sys.executable, script, *args, "--out", str(out)],
+        cwd=BENCH,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(out.read_text())

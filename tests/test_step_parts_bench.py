@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.conftest import bench_report
 
 
 def test_step_parts_bench_reports_every_part_for_every_envs(tmp_path):
-    out = tmp_path / "parts.json"
-    run = subprocess.run(
-        [sys.executable, "step_parts.py", "--envs", "2,4", "--actors", "2", "--repeats", "1"]
-        + ["--out", str(out)],
-        cwd=BENCH,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    report = json.loads(out.read_text())
+    args = ["--envs", "2,4", "--actors", "2", "--repeats", "1"]
+    report = bench_report("step_parts.py", args, tmp_path / "parts.json")
     assert report["benchmark"] == "step_parts" and report["machine"]["cores"] >= 1
     assert [p["envs"] for p in report["points"]] == [2, 4]
     for point in report["points"]:

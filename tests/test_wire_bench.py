@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.conftest import bench_report
 
 
 def test_wire_bench_reports_each_wires_server_cpu(tmp_path):
-    out = tmp_path / "wire.json"
-    run = subprocess.run(
-        [sys.executable, "wire.py", "--sizes", "765,56560", "--steps", "200", "--warmup", "20"]
-        + ["--out", str(out)],
-        cwd=BENCH,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    report = json.loads(out.read_text())
+    args = ["--sizes", "765,56560", "--steps", "200", "--warmup", "20"]
+    report = bench_report("wire.py", args, tmp_path / "wire.json")
     assert report["machine"]["cores"] >= 1
     points = report["points"]
     assert [(p["wire"], p["bytes_per_step"]) for p in points] == [
