@@ -84,7 +84,7 @@ def connected(proc: psutil.Process, port: int) -> bool:
     )
 
 
-def test_a_dead_actor_is_restarted_by_ray(tmp_path, nothing_left_behind):
+def test_a_dead_actor_is_restarted_by_ray_and_ctrl_c_keeps_the_run(tmp_path, nothing_left_behind):
     run = tmp_path / "run"
     proc = launch(run, "--target-return", "none", "--total-frames", "100000000")
     wait_for_frames(run, 20_000, proc)
@@ -101,19 +101,9 @@ def test_a_dead_actor_is_restarted_by_ray(tmp_path, nothing_left_behind):
     code, _, err = finish(proc)
     assert code == 130, err[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["stop_reason"] == "interrupted"
+    # Ctrl-C stopped every part and kept the run.
+    assert summary["stop_reason"] == "interrupted" and summary["frames"] >= 20_000
     assert summary["remote_actors"]["connections"] >= 3  # the restarted actor came back
-
-
-def test_ctrl_c_stops_everything_and_keeps_the_run(tmp_path, nothing_left_behind):
-    run = tmp_path / "run"
-    proc = launch(run, "--target-return", "none", "--total-frames", "100000000")
-    wait_for_frames(run, 10_000, proc)
-    proc.send_signal(signal.SIGINT)
-    code, _, err = finish(proc)
-    assert code == 130, err[-3000:]
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["stop_reason"] == "interrupted" and summary["frames"] >= 10_000
 
 
 @pytest.mark.parametrize(
@@ -338,6 +328,8 @@ def test_a_replica_killed_on_ray_is_named_and_the_run_resumes(tmp_path, two_node
     assert f"replica {killed} of 2" in line, line
     frames = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["frames"]
     assert 0 < frames < 8000 and not (run / "summary.json").exists()
+    if killed == 1:
+        return  # resuming does not depend on which replica was lost: one resume is enough
     code, _, err = finish(launch_replicas(two_nodes, run, *flags, "--resume"))
     assert code == 0, err[-3000:]
     summary = json.loads((run / "summary.json").read_text())
