@@ -34,7 +34,8 @@ class StopSignals:
     """While entered (in the main thread), SIGINT and SIGTERM ask ``on_stop`` for an orderly stop.
 
     Args:
-        on_stop: Called from the signal handler at the first signal; must only set a flag.
+        on_stop: Called from the signal handler at the first signal; must only set a flag, or
+            raise (a KeyboardInterrupt) to stop at once.
         grace_s: How long the orderly stop may take after the first signal before the main
             thread is interrupted as a third signal would; None waits for ever.
     """
@@ -67,13 +68,13 @@ class StopSignals:
         self.received += 1
         name = signal.Signals(signum).name
         if self.received == 1:
+            self._on_stop()  # first: it may raise, to stop at once
             log.warning(
                 "%s: stopping after the final checkpoint and summary (signal %d more times to "
                 "stop at once)",
                 name,
                 ABORT_AFTER - 1,
             )
-            self._on_stop()
             if self._grace_s is not None:
                 self._watcher = threading.Thread(target=self._watch, name="stop-grace", daemon=True)
                 self._watcher.start()

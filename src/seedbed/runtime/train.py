@@ -310,7 +310,11 @@ def train_replica(
             f"--learner-replicas {config.train.learner_replicas} does not match the "
             f"{world} processes the launcher started (WORLD_SIZE), one replica each"
         )
+    stop = _ReplicaStop()
+    # Outermost, so that it also covers the lost-replica report: when one replica dies,
+    # torchrun SIGTERMs the others, and that signal must not replace the line that names it.
     with (
+        StopSignals(stop, STOP_GRACE_S),  # in the main thread only
         Replicator(device=replica_device(config)) as replica,
         lost_replica_line(replica, config),
     ):
@@ -324,11 +328,24 @@ def train_replica(
         if listen_host is not None and listen and not listen.startswith("unix:"):
             train = dataclasses.replace(config.train, listen=on_host(listen, listen_host))
             config = dataclasses.replace(config, train=train)
-        run = TrainingRun(config, console, replica=replica)
+        run = stop.run = TrainingRun(config, console, replica=replica)
         if made is not None:
             made(run)
-        with StopSignals(run.request_stop, STOP_GRACE_S):  # in the main thread only
-            return run.run()
+        return run.run()
+
+
+class _ReplicaStop:
+    """The first Ctrl-C or SIGTERM to a launched replica: before its run is made, stop at once
+    (there is nothing to save); from then on, stop the run in order, which a run that already
+    ended, or failed, ignores."""
+
+    def __init__(self) -> None:
+        self.run: TrainingRun | None = None
+
+    def __call__(self) -> None:
+        if self.run is None:
+            raise StopNow
+        self.run.request_stop()
 
 
 def _run_replica(config: RunConfig, stop: Any) -> dict[str, Any] | None:
