@@ -4,8 +4,10 @@ actions. Tests marked ``each_wire`` run over both wires; the rest are gRPC's own
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import functools
+import gc
 import ipaddress
 import logging
 import multiprocessing
@@ -240,6 +242,29 @@ def test_an_error_that_ends_the_gateways_loop_is_reported_and_it_still_stops():
     started = time.monotonic()
     gateway.stop()  # at the run's end: no wait on a loop that runs nothing more
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("wire", ["grpc", "socket"])
+def test_a_stopping_gateway_unwinds_what_its_stop_left_pending(caplog, wire):
+    nothing = (lambda s: None, lambda s, n: None)  # no actor connects in this test
+    gateway = ActorGateway("127.0.0.1:0", [0], *nothing, token=b"t", wire=wire)
+    gateway.start()
+
+    async def pending() -> None:
+        # What an RPC whose actor vanished as the server stopped may leave: a task waiting
+        # on a task, on a future still open when the loop is told to end.
+        never = asyncio.get_running_loop().create_future()
+
+        async def waiting() -> None:
+            await never
+
+        asyncio.ensure_future(asyncio.ensure_future(waiting()))
+
+    asyncio.run_coroutine_threadsafe(pending(), gateway._loop).result(5)
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        gateway.stop(0)
+        gc.collect()  # a task destroyed pending logs here
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
 
 
 @pytest.mark.parametrize("unix", [False, True], ids=["loopback", "unix-socket"])

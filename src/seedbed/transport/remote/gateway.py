@@ -434,6 +434,12 @@ class ActorGateway:
             self._board.close()
 
     def _close_loop(self) -> None:
+        if self._thread.is_alive():
+            # What the server's stop left pending (an RPC whose actor went away as it stopped)
+            # unwinds here, as at the end of asyncio.run: a task destroyed pending, or a
+            # future's error never read, prints a traceback into the run's output.
+            with contextlib.suppress(Exception):
+                self._on_loop(_end_tasks(), timeout_s=5.0)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
@@ -765,3 +771,12 @@ def _server_tls(tls: tuple[bytes, bytes]) -> ssl.SSLContext:
             paths.append(path)
         context.load_cert_chain(*paths)
     return context
+
+
+async def _end_tasks(wait_s: float = 2.0) -> None:
+    """Cancel every other task on this loop, and give them ``wait_s`` to unwind."""
+    tasks = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=wait_s)
