@@ -170,8 +170,8 @@ def test_vtrace_solves_cartpole_within_budget(tmp_path, no_leaks):
 @pytest.mark.parametrize(
     ("agent", "budget", "overrides"),
     [
-        # About one run in twelve settles first on a policy whose greedy return is near 180 (a
-        # local optimum CartPole is known for) and leaves it later (docs/benchmarks.md).
+        # Some runs settle first on a policy whose greedy return is near 180 (a local optimum
+        # CartPole is known for) and leave it later: the budget covers them (docs/benchmarks.md).
         ("dqn", 1_000_000, {}),
         # Fewer envs than the default's 64: more of them act near-greedily sooner.
         ("r2d2", 600_000, {"envs_per_actor": 16}),

@@ -29,6 +29,7 @@ from seedbed.transport.address import WILDCARD_HOSTS, check_address
 from seedbed.transport.base import ActorTransport
 from seedbed.transport.proto import actor_pb2 as pb
 from seedbed.transport.remote.framing import MAGIC, FrameSocket, tune
+from seedbed.transport.remote.tasks import end_tasks
 from seedbed.transport.remote.wire import METHOD, PROTOCOL, Assignment, from_wire, to_wire
 
 _READY_POLL_S = 0.02  # how often an actor looks whether its channel has connected
@@ -315,16 +316,7 @@ class GrpcActorClient(_StreamClient):
             return
         if self._channel is not None:
             self._loop.run_until_complete(self._channel.close())
-        # gRPC leaves a task per call that ends when the core reports the cancelled call.
-        # Let it end on this loop: cancelled here, the core's report would still come, after
-        # the loop is closed, and another loop would print "Event loop is closed" for it.
-        pending = asyncio.all_tasks(self._loop)
-        if pending:
-            _, late = self._loop.run_until_complete(asyncio.wait(pending, timeout=_CLOSE_WAIT_S))
-            for task in late:
-                task.cancel()
-            if late:
-                self._loop.run_until_complete(asyncio.wait(late))
+        self._loop.run_until_complete(end_tasks(_CLOSE_WAIT_S))  # gRPC's, for each call
         self._loop.close()
 
 

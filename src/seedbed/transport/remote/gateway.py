@@ -59,6 +59,7 @@ from seedbed.transport.checks import REFUSED_IN_A_ROW, check_step
 from seedbed.transport.proto import actor_pb2 as pb
 from seedbed.transport.remote.framing import FrameProtocol, TooLarge, token_of
 from seedbed.transport.remote.placement import Placement
+from seedbed.transport.remote.tasks import end_tasks
 from seedbed.transport.remote.wire import (
     PROTOCOL,
     ActionsReply,
@@ -83,6 +84,7 @@ _LOG_REFUSALS_EVERY_S = 10.0  # one warning per kind of refusal in this time, th
 _REASONS_KEPT = 100  # the newest refusal reasons kept, for tests and the run's summary
 IDLE_TIMEOUT_S = 60.0  # a connection without a stream this long is closed
 _NAME_CHARS = 64  # an actor's name as logged: printable, at most this long
+_END_TASKS_S = 1.0  # how long what a stopped server left on the loop may take to end
 
 
 def safe_name(name: str) -> str:
@@ -434,12 +436,9 @@ class ActorGateway:
             self._board.close()
 
     def _close_loop(self) -> None:
-        if self._thread.is_alive():
-            # What the server's stop left pending (an RPC whose actor went away as it stopped)
-            # unwinds here, as at the end of asyncio.run: a task destroyed pending, or a
-            # future's error never read, prints a traceback into the run's output.
+        if self._thread.is_alive():  # what the server's stop left (an RPC whose actor left)
             with contextlib.suppress(Exception):
-                self._on_loop(_end_tasks(), timeout_s=5.0)
+                self._on_loop(end_tasks(_END_TASKS_S), timeout_s=_END_TASKS_S + 5.0)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
@@ -771,12 +770,3 @@ def _server_tls(tls: tuple[bytes, bytes]) -> ssl.SSLContext:
             paths.append(path)
         context.load_cert_chain(*paths)
     return context
-
-
-async def _end_tasks(wait_s: float = 2.0) -> None:
-    """Cancel every other task on this loop, and give them ``wait_s`` to unwind."""
-    tasks = asyncio.all_tasks() - {asyncio.current_task()}
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        await asyncio.wait(tasks, timeout=wait_s)
